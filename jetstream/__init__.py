@@ -1,0 +1,1 @@
+"""Jetstream: a replicated commit log for NATS."""

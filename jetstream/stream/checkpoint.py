@@ -1,0 +1,81 @@
+"""Small files that must survive a crash whole: written to a temp file, fsynced, renamed over
+the old one, and the directory fsynced, so a reader sees the old or the new content, never a
+mix. Each file carries a CRC32C of its content so a damaged file reads as absent (the callers
+then fall back to the safe choice: a full recovery scan) instead of as a wrong number.
+
+    Checkpoint file (text, UTF-8):
+      line 1: "<kind> <version>"
+      lines:  one entry per line, space-separated integers
+      last:   "crc <crc32c of the previous lines, hex>"
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import crc32c as _crc32c
+
+VERSION = 1
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a file creation, rename or deletion in `path` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_entries(path: Path, kind: str, entries: list[tuple[int, ...]]) -> None:
+    body = f"{kind} {VERSION}\n" + "".join(" ".join(map(str, e)) + "\n" for e in entries)
+    crc = _crc32c.crc32c(body.encode())
+    write_atomic(path, (body + f"crc {crc:08x}\n").encode())
+
+
+def read_entries(path: Path, kind: str) -> list[tuple[int, ...]] | None:
+    """The entries of a checkpoint, or None when it is missing or damaged."""
+    try:
+        text = path.read_bytes().decode()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    lines = text.split("\n")
+    if len(lines) < 3 or lines[-1] != "" or not lines[-2].startswith("crc "):
+        return None
+    body = "\n".join(lines[:-2]) + "\n"
+    try:
+        crc = int(lines[-2][4:], 16)
+    except ValueError:
+        return None
+    if crc != _crc32c.crc32c(body.encode()) or lines[0] != f"{kind} {VERSION}":
+        return None
+    try:
+        return [tuple(int(x) for x in line.split()) for line in lines[1:-2]]
+    except ValueError:
+        return None
+
+
+def write_offset(path: Path, kind: str, offset: int) -> None:
+    write_entries(path, kind, [(offset,)])
+
+
+def read_offset(path: Path, kind: str) -> int | None:
+    entries = read_entries(path, kind)
+    if entries is None or len(entries) != 1 or len(entries[0]) != 1 or entries[0][0] < 0:
+        return None
+    return entries[0][0]

@@ -1,0 +1,335 @@
+"""The on-disk and on-the-wire record batch format, declared once.
+
+Theory of operation: the leader appends records in batches, one batch per append, and the
+batch is the unit of everything afterwards: it is written to the segment file as is, copied
+byte for byte to followers, and sent to consumers straight from the file (zero copy). So the
+same bytes are the storage format and the wire format; clients decode them with
+`decode_batches`. The design follows Kafka's record batch v2 with fixed-width fields instead of
+varints (cheaper to encode and decode in Python).
+
+    RecordBatch (big-endian), 47-byte header then the records:
+      base_offset        i64  offset of the first record
+      batch_length       u32  bytes after this field, to the end of the batch
+      leader_epoch       u32  epoch of the leader that appended the batch
+      magic              u8   format version, 1
+      crc                u32  CRC32C of every other byte of the batch: the 17 bytes before
+                              this field, then everything after it
+      attributes         u16  reserved (compression, control batches), 0
+      last_offset_delta  u32  offset of the last record minus base_offset
+      first_timestamp    i64  ms since the Unix epoch, of the first record
+      max_timestamp      i64  largest record timestamp in the batch
+      record_count       u32
+    Record, repeated record_count times:
+      length             u32  bytes after this field, to the end of the record
+      offset_delta       u32  record offset minus base_offset (gaps allowed: compaction)
+      timestamp_delta    i64  record timestamp minus first_timestamp
+      key_length         i32  -1 when the record has no key
+      value_length       u32
+      subject_length     u16  NATS subject the record arrived on, UTF-8, may be empty
+      header_count       u16
+      key, value, subject bytes
+      header, repeated header_count times:
+        name_length u16, name (UTF-8), value_length u32, value
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import crc32c as _crc32c
+
+MAGIC = 1
+
+# base_offset | batch_length: the part of the header outside the CRC and the length.
+LOG_OVERHEAD = struct.Struct(">qI")
+assert LOG_OVERHEAD.size == 12
+
+BATCH_HEADER = struct.Struct(">qIIBIHIqqI")
+assert BATCH_HEADER.size == 47
+# The CRC covers every byte but its own: [0, CRC_OFFSET) and [CRC_START, end).
+CRC_OFFSET = 8 + 4 + 4 + 1
+CRC_START = CRC_OFFSET + 4
+assert CRC_START == 21
+# A batch_length smaller than this cannot hold the header.
+BATCH_LENGTH_MIN = BATCH_HEADER.size - LOG_OVERHEAD.size
+# Everything after the CRC field: attributes .. record_count.
+_AFTER_CRC = struct.Struct(">HIqqI")
+assert CRC_START + _AFTER_CRC.size == BATCH_HEADER.size
+_BEFORE_CRC = struct.Struct(">qIIB")
+assert _BEFORE_CRC.size == CRC_OFFSET
+
+RECORD_HEADER = struct.Struct(">IIqiIHH")
+assert RECORD_HEADER.size == 28
+_RECORD_HEADER_AFTER_LENGTH = RECORD_HEADER.size - 4
+
+HEADER_NAME = struct.Struct(">H")
+HEADER_VALUE = struct.Struct(">I")
+
+U16_MAX = 0xFFFF
+U32_MAX = 0xFFFFFFFF
+
+crc32c = _crc32c.crc32c
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record to append. `timestamp_ms` None means: stamp it with the log's clock."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+    subject: str = ""
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record read back from the log, with the offset and timestamp it was given."""
+
+    offset: int
+    timestamp_ms: int
+    value: bytes
+    key: bytes | None
+    headers: Mapping[str, bytes]
+    subject: str
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    record_count: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def size(self) -> int:
+        """Bytes of the whole batch, header included."""
+        return LOG_OVERHEAD.size + self.batch_length
+
+
+class BatchFormatError(ValueError):
+    """Bytes that do not form a valid batch. Callers translate it into their own error."""
+
+
+def record_size(record: Record) -> int:
+    """Encoded size of one record, header included."""
+    size = RECORD_HEADER.size + len(record.value) + len(record.subject.encode())
+    if record.key is not None:
+        size += len(record.key)
+    for name, value in record.headers.items():
+        size += HEADER_NAME.size + len(name.encode()) + HEADER_VALUE.size + len(value)
+    return size
+
+
+def encode_batch(
+    base_offset: int,
+    leader_epoch: int,
+    records: Sequence[Record],
+    now_ms: int,
+    offset_deltas: Sequence[int] | None = None,
+) -> bytes:
+    """Encode `records` as one batch at `base_offset`. Records without a timestamp get now_ms.
+    `offset_deltas` (increasing) keeps the offsets of a batch that has gaps; by default the
+    records take consecutive offsets."""
+    if not records:
+        raise ValueError("a batch holds at least one record")
+    if offset_deltas is not None and len(offset_deltas) != len(records):
+        raise ValueError("one offset delta per record")
+    first_ts = records[0].timestamp_ms
+    if first_ts is None:
+        first_ts = now_ms
+    max_ts = first_ts
+    parts: list[bytes] = [b""]  # replaced by the header once the CRC is known
+    append = parts.append
+    pack_record = RECORD_HEADER.pack
+    for i, record in enumerate(records):
+        delta = i if offset_deltas is None else offset_deltas[i]
+        ts = record.timestamp_ms
+        if ts is None:
+            ts = now_ms
+        if ts > max_ts:
+            max_ts = ts
+        key = record.key
+        value = record.value
+        subject = record.subject.encode() if record.subject else b""
+        headers = record.headers
+        if headers:
+            hparts = []
+            for name, hvalue in headers.items():
+                bname = name.encode()
+                hparts.append(HEADER_NAME.pack(len(bname)))
+                hparts.append(bname)
+                hparts.append(HEADER_VALUE.pack(len(hvalue)))
+                hparts.append(hvalue)
+            hbytes = b"".join(hparts)
+        else:
+            hbytes = b""
+        if len(subject) > U16_MAX or len(headers) > U16_MAX:
+            raise ValueError("subject or header count exceeds 65535")
+        if key is None:
+            length = _RECORD_HEADER_AFTER_LENGTH + len(value) + len(subject) + len(hbytes)
+            append(pack_record(length, delta, ts - first_ts, -1, len(value), len(subject),
+                               len(headers)))
+        else:
+            length = (_RECORD_HEADER_AFTER_LENGTH + len(key) + len(value) + len(subject)
+                      + len(hbytes))
+            append(pack_record(length, delta, ts - first_ts, len(key), len(value), len(subject),
+                               len(headers)))
+            append(key)
+        append(value)
+        if subject:
+            append(subject)
+        if hbytes:
+            append(hbytes)
+    last_delta = len(records) - 1 if offset_deltas is None else offset_deltas[-1]
+    after_crc = _AFTER_CRC.pack(0, last_delta, first_ts, max_ts, len(records))
+    body = b"".join(parts)
+    batch_length = BATCH_HEADER.size - LOG_OVERHEAD.size + len(body)
+    before_crc = _BEFORE_CRC.pack(base_offset, batch_length, leader_epoch, MAGIC)
+    crc = crc32c(body, crc32c(after_crc, crc32c(before_crc)))
+    return b"".join((before_crc, crc.to_bytes(4, "big"), after_crc, body))
+
+
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse the batch header at `pos`, checking its structure (not the CRC)."""
+    if len(buf) - pos < BATCH_HEADER.size:
+        raise BatchFormatError(f"truncated batch header at {pos}")
+    header = BatchHeader(*BATCH_HEADER.unpack_from(buf, pos))
+    check_header(header)
+    return header
+
+
+def check_header(header: BatchHeader) -> None:
+    if header.magic != MAGIC:
+        raise BatchFormatError(f"unknown batch magic {header.magic}")
+    if header.batch_length < BATCH_LENGTH_MIN:
+        raise BatchFormatError(f"batch length {header.batch_length} is too small")
+    if header.base_offset < 0:
+        raise BatchFormatError(f"negative base offset {header.base_offset}")
+    if header.record_count == 0 or header.record_count > header.last_offset_delta + 1:
+        raise BatchFormatError(
+            f"record count {header.record_count} does not fit offset delta "
+            f"{header.last_offset_delta}"
+        )
+    if header.attributes != 0:
+        raise BatchFormatError(f"unsupported batch attributes {header.attributes:#x}")
+
+
+def verify_crc(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> bool:
+    """True when the batch at `pos` (whose header is `header`) matches its CRC."""
+    end = pos + header.size
+    if end > len(buf):
+        return False
+    view = memoryview(buf)
+    return crc32c(view[pos + CRC_START:end], crc32c(view[pos:pos + CRC_OFFSET])) == header.crc
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, *, verify: bool = True
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) of each whole batch in `buf`. A trailing partial batch is
+    ignored (a fetch may end mid-batch); a malformed or CRC-failing one raises."""
+    pos = 0
+    size = len(buf)
+    while size - pos >= LOG_OVERHEAD.size:
+        header = parse_header(buf, pos) if size - pos >= BATCH_HEADER.size else None
+        if header is None or pos + header.size > size:
+            return
+        if verify and not verify_crc(buf, pos, header):
+            raise BatchFormatError(f"CRC mismatch in batch at offset {header.base_offset}")
+        yield pos, header
+        pos += header.size
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> list[StoredRecord]:
+    """Decode the records of the batch at `pos`. Call `verify_crc` first on untrusted bytes."""
+    mv = memoryview(buf)
+    out: list[StoredRecord] = []
+    base = header.base_offset
+    first_ts = header.first_timestamp
+    epoch = header.leader_epoch
+    p = pos + BATCH_HEADER.size
+    end = pos + header.size
+    unpack = RECORD_HEADER.unpack_from
+    for _ in range(header.record_count):
+        if p + RECORD_HEADER.size > end:
+            raise BatchFormatError("record header runs past the batch")
+        length, delta, ts_delta, key_len, value_len, subject_len, header_count = unpack(mv, p)
+        rec_end = p + 4 + length
+        if rec_end > end or delta > header.last_offset_delta:
+            raise BatchFormatError("record runs past the batch")
+        p += RECORD_HEADER.size
+        if key_len >= 0:
+            key: bytes | None = bytes(mv[p:p + key_len])
+            p += key_len
+        else:
+            key = None
+        value = bytes(mv[p:p + value_len])
+        p += value_len
+        subject = bytes(mv[p:p + subject_len]).decode() if subject_len else ""
+        p += subject_len
+        headers: dict[str, bytes] = {}
+        for _h in range(header_count):
+            (name_len,) = HEADER_NAME.unpack_from(mv, p)
+            p += HEADER_NAME.size
+            name = bytes(mv[p:p + name_len]).decode()
+            p += name_len
+            (hvalue_len,) = HEADER_VALUE.unpack_from(mv, p)
+            p += HEADER_VALUE.size
+            headers[name] = bytes(mv[p:p + hvalue_len])
+            p += hvalue_len
+        if p != rec_end:
+            raise BatchFormatError("record length does not match its fields")
+        out.append(StoredRecord(base + delta, first_ts + ts_delta, value, key, headers, subject,
+                                epoch))
+    if p != end:
+        raise BatchFormatError("batch length does not match its records")
+    return out
+
+
+def decode_batches(
+    buf: bytes | bytearray | memoryview, *, min_offset: int = 0, verify: bool = True
+) -> list[StoredRecord]:
+    """Decode every whole batch in `buf` (a fetch response), dropping records below
+    `min_offset` (a fetch starts at the batch holding the requested offset)."""
+    out: list[StoredRecord] = []
+    for pos, header in iter_batches(buf, verify=verify):
+        if header.last_offset < min_offset:
+            continue
+        records = decode_records(buf, pos, header)
+        if header.base_offset < min_offset:
+            records = [r for r in records if r.offset >= min_offset]
+        out.extend(records)
+    return out
+
+
+def rebase_batch(batch: bytes, records: Sequence[StoredRecord]) -> bytes:
+    """Re-encode a prefix of a batch's records keeping its base offset, epoch and timestamps
+    (used to truncate inside a batch)."""
+    header = parse_header(batch)
+    return encode_batch(
+        header.base_offset,
+        header.leader_epoch,
+        [Record(r.value, r.key, r.headers, r.subject, r.timestamp_ms) for r in records],
+        header.first_timestamp,
+        [r.offset - header.base_offset for r in records],
+    )

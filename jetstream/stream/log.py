@@ -1,0 +1,628 @@
+"""The commit log of one partition: an ordered list of segments in one directory.
+
+Theory of operation
+- Offsets are dense from the log start offset to the log end offset (LEO), never reused.
+  Appends add one batch (leader) or a run of batches copied from the leader (follower); the
+  active segment rolls at `segment_bytes_max` / `segment_ms_max`. An append is all or
+  nothing: the batch is written whole or the file is cut back to where it was.
+- Durability (`FsyncPolicy`): with ALWAYS an append returns after an fsync that covers it;
+  concurrent appenders share fsyncs (group commit: `sync_through` runs one fsync at a time and
+  every append that landed before it started is covered by it).
+- The recovery point (a checkpoint) is an offset below which every byte was fsynced and
+  checked. Opening the log trusts sealed segments below it (their index files are checked
+  against the log) and scans everything from it on, checking each batch's CRC and cutting the
+  file after the last valid batch; a gap then drops every later segment, so offsets stay dense.
+- Reads never pass an upper bound given by the caller (the high watermark) and return whole
+  batches, as byte ranges of a segment file for `os.sendfile` or as decoded records.
+- Retention deletes whole sealed segments, oldest first, by age, size and record count; the
+  log start offset moves forward and reads below it get `OffsetOutOfRange`.
+- A leader epoch cache (jetstream.stream.epoch) and a high watermark checkpoint live beside
+  the segments.
+
+No asyncio and no network here: the broker calls these methods from its event loop (cheap
+calls) or from a thread (fsync). One lock guards the segment list; fsync runs outside it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from jetstream.errors import (
+    BatchTooLarge,
+    CorruptRecord,
+    InvalidBatch,
+    LogClosed,
+    OffsetOutOfRange,
+    RecordTooLarge,
+    StaleLeaderEpoch,
+    StorageError,
+)
+from jetstream.stream import checkpoint
+from jetstream.stream import format as fmt
+from jetstream.stream.config import FsyncPolicy, LogConfig
+from jetstream.stream.epoch import EpochEndOffset, LeaderEpochCache
+from jetstream.stream.handles import DEFAULT_POOL, HandlePool
+from jetstream.stream.segment import Segment
+
+RECOVERY_POINT_FILE = "recovery-point-checkpoint"
+HIGH_WATERMARK_FILE = "high-watermark-checkpoint"
+LOCK_FILE = ".lock"
+_U32_MAX = 0xFFFFFFFF
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    base_offset: int
+    last_offset: int
+    log_end_offset: int
+    size_bytes: int
+
+
+@dataclass(slots=True)
+class FileSlice:
+    """Whole batches of one segment file: `length` bytes at `position` of `fd`.
+
+    The caller owns `fd` (a duplicate) and must `close()` it; it stays valid even if the
+    segment is deleted meanwhile. `next_offset` is where the following read starts."""
+
+    fd: int
+    position: int
+    length: int
+    first_offset: int
+    next_offset: int
+
+    def read(self) -> bytes:
+        return os.pread(self.fd, self.length, self.position) if self.length else b""
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> FileSlice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    scanned_segments: int
+    truncated_bytes: int
+    dropped_segments: int
+
+
+class Log:
+    def __init__(
+        self,
+        directory: Path | str,
+        config: LogConfig | None = None,
+        *,
+        pool: HandlePool | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.directory = Path(directory)
+        self.config = config or LogConfig()
+        self._pool = pool or DEFAULT_POOL
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._sync_cond = threading.Condition()
+        self._sync_running = False
+        # Bumped by every truncation: an fsync that started before one must not claim
+        # offsets that were cut and may be written again.
+        self._truncations = 0
+        self._closed = False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StorageError(f"log {self.directory} is open in another process") from None
+        try:
+            self._segments: list[Segment] = []
+            self._bases: list[int] = []
+            self.epochs = LeaderEpochCache(self.directory)
+            self.recovery = self._open()
+            self._durable_offset = self.log_end_offset
+            self._last_sync_ms = self._clock()
+        except BaseException:
+            self._release_lock()
+            raise
+
+    # -- opening and recovery ------------------------------------------------------------------
+
+    def _open(self) -> RecoveryReport:
+        for tmp in self.directory.glob("*.tmp"):
+            tmp.unlink()
+        bases = sorted(int(p.name[:-4]) for p in self.directory.glob("*.log")
+                       if p.name[:-4].isdigit())
+        for stale in self.directory.glob("*index"):
+            if int(stale.name.split(".")[0]) not in bases:
+                stale.unlink()
+        recovery_point = checkpoint.read_offset(self.directory / RECOVERY_POINT_FILE,
+                                                "recovery-point")
+        rp = recovery_point if recovery_point is not None else 0
+        scanned = truncated = dropped = 0
+        for i, base in enumerate(bases):
+            segment = Segment(self.directory, base, self._pool, self.config.index_interval_bytes)
+            if self._segments and base != self._segments[-1].next_offset:
+                dropped += self._drop_files(bases[i:])
+                break
+            sealed_below_rp = i + 1 < len(bases) and bases[i + 1] <= rp
+            trusted = segment.load() and (sealed_below_rp or segment.next_offset <= rp)
+            if not trusted:
+                scanned += 1
+                cut = segment.recover()
+                truncated += cut
+                if cut and i + 1 < len(bases):
+                    self._append_segment(segment)
+                    dropped += self._drop_files(bases[i + 1:])
+                    break
+            self._append_segment(segment)
+        if not self._segments:
+            start = recovery_point or 0
+            self._append_segment(Segment.create(self.directory, start, self._pool,
+                                                self.config.index_interval_bytes))
+        self._check_epoch_cache()
+        if scanned or dropped or recovery_point != self.log_end_offset:
+            # Make what recovery kept durable, so the next open can trust it.
+            for segment in self._segments:
+                segment.seal(fsync=True)
+            checkpoint.fsync_dir(self.directory)
+            self._write_recovery_point(self.log_end_offset)
+        return RecoveryReport(scanned, truncated, dropped)
+
+    def _drop_files(self, bases: list[int]) -> int:
+        for base in bases:
+            Segment(self.directory, base, self._pool, self.config.index_interval_bytes).delete()
+        return len(bases)
+
+    def _append_segment(self, segment: Segment) -> None:
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+
+    def _check_epoch_cache(self) -> None:
+        """Make the epoch cache agree with the batches on disk; rebuild it if it does not."""
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.epochs.truncate_from_start(self.log_start_offset)
+        if self.log_end_offset == self.log_start_offset:
+            return
+        last = self._segments[-1] if self._segments[-1].size else self._segments[-2]
+        location = last.find(last.next_offset - 1)
+        assert location is not None
+        entries = self.epochs.entries
+        if entries and entries[0].start_offset == self.log_start_offset and (
+            self.epochs.latest_epoch == location.header.leader_epoch
+        ):
+            return
+        self.epochs.clear()
+        for segment in self._segments:
+            offset = segment.base_offset
+            while offset < segment.next_offset:
+                found = segment.find(offset)
+                assert found is not None
+                if found.header.leader_epoch > self.epochs.latest_epoch:
+                    self.epochs.assign(found.header.leader_epoch, found.header.base_offset)
+                offset = found.header.next_offset
+
+    def _write_recovery_point(self, offset: int) -> None:
+        checkpoint.write_offset(self.directory / RECOVERY_POINT_FILE, "recovery-point", offset)
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every offset below this one has been fsynced."""
+        return self._durable_offset
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return sum(s.size for s in self._segments)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        with self._lock:
+            return list(self._bases)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.epochs.latest_epoch
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosed(f"log {self.directory} is closed")
+
+    # -- appending ----------------------------------------------------------------------------
+
+    def append(self, records: Sequence[fmt.Record], leader_epoch: int, *,
+               sync: bool = True) -> AppendInfo:
+        """Append `records` as one batch (the leader's path). With the ALWAYS policy the call
+        returns once the batch is fsynced, unless `sync` is False: the caller then calls
+        `sync_through` itself (from a thread, to overlap fsync with the next batch)."""
+        cfg = self.config
+        if not records:
+            raise ValueError("append needs at least one record")
+        if len(records) > cfg.batch_records_max:
+            raise BatchTooLarge(len(records), cfg.batch_records_max, "records")
+        # Cheap bound first: exact sizes only for records that could be near the limit.
+        near = cfg.record_bytes_max - fmt.RECORD_HEADER.size - 64 * 1024
+        for record in records:
+            if len(record.value) > near or record.headers or len(record.subject) > 1024 or (
+                record.key is not None and len(record.key) > 1024
+            ):
+                size = fmt.record_size(record)
+                if size > cfg.record_bytes_max:
+                    raise RecordTooLarge(size, cfg.record_bytes_max)
+        with self._lock:
+            self._check_open()
+            if leader_epoch < self.epochs.latest_epoch:
+                raise StaleLeaderEpoch(leader_epoch, self.epochs.latest_epoch)
+            now = self._clock()
+            base = self.log_end_offset
+            try:
+                data = fmt.encode_batch(base, leader_epoch, records, now)
+            except (ValueError, UnicodeEncodeError) as exc:
+                raise InvalidBatch(f"records cannot be encoded: {exc}") from exc
+            if len(data) > cfg.batch_bytes_max:
+                raise BatchTooLarge(len(data), cfg.batch_bytes_max, "bytes")
+            header = fmt.parse_header(data)
+            self._append_locked(data, [header], now)
+            info = AppendInfo(base, header.last_offset, self.log_end_offset, len(data))
+        self._after_append(info.log_end_offset, sync)
+        return info
+
+    def append_batches(self, data: bytes | memoryview, *, sync: bool = True) -> AppendInfo:
+        """Append whole batches copied from the leader (the follower's path). They must start
+        at the log end offset, be contiguous, pass their CRC and carry non-decreasing epochs."""
+        try:
+            batches = list(fmt.iter_batches(data, verify=True))
+            for pos, header in batches:
+                fmt.decode_records(data, pos, header)
+        except (fmt.BatchFormatError, UnicodeDecodeError) as exc:
+            raise InvalidBatch(f"malformed batch: {exc}") from exc
+        if not batches:
+            raise InvalidBatch("no whole batch in the data")
+        consumed = batches[-1][0] + batches[-1][1].size
+        if consumed != len(data):
+            raise InvalidBatch(f"{len(data) - consumed} trailing bytes after the last batch")
+        with self._lock:
+            self._check_open()
+            expected = self.log_end_offset
+            epoch = self.epochs.latest_epoch
+            for _pos, header in batches:
+                if header.base_offset != expected:
+                    raise InvalidBatch(
+                        f"batch at offset {header.base_offset}, log end offset is {expected}")
+                if header.leader_epoch < epoch:
+                    raise StaleLeaderEpoch(header.leader_epoch, epoch)
+                if header.size > self.config.batch_bytes_max:
+                    raise BatchTooLarge(header.size, self.config.batch_bytes_max, "bytes")
+                expected, epoch = header.next_offset, header.leader_epoch
+            base = self.log_end_offset
+            now = self._clock()
+            run_start = 0
+            view = memoryview(data)
+            # Group consecutive batches per segment: a roll may fall between them.
+            while run_start < len(batches):
+                run_end = run_start + 1
+                first_pos = batches[run_start][0]
+                while run_end < len(batches) and not self._should_roll(
+                    batches[run_end][0] + batches[run_end][1].size - first_pos,
+                    batches[run_end][1], now,
+                ):
+                    run_end += 1
+                last_pos, last_header = batches[run_end - 1]
+                chunk = bytes(view[first_pos:last_pos + last_header.size])
+                self._append_locked(chunk, [h for _p, h in batches[run_start:run_end]], now)
+                run_start = run_end
+            info = AppendInfo(base, self.log_end_offset - 1, self.log_end_offset, len(data))
+        self._after_append(info.log_end_offset, sync)
+        return info
+
+    def _should_roll(self, size: int, last_header: fmt.BatchHeader, now: int) -> bool:
+        active = self._segments[-1]
+        if active.size == 0:
+            return False
+        return (
+            active.size + size > self.config.segment_bytes_max
+            or now - active.first_timestamp >= self.config.segment_ms_max
+            or last_header.last_offset - active.base_offset > _U32_MAX
+        )
+
+    def _append_locked(self, data: bytes, headers: list[fmt.BatchHeader], now: int) -> None:
+        if self._should_roll(len(data), headers[-1], now):
+            self._roll_locked()
+        self._segments[-1].append(data, headers)
+        for header in headers:
+            if header.leader_epoch > self.epochs.latest_epoch:
+                self.epochs.assign(header.leader_epoch, header.base_offset)
+
+    def _roll_locked(self) -> None:
+        fsync = self.config.fsync is not FsyncPolicy.NEVER
+        self._segments[-1].seal(fsync)
+        segment = Segment.create(self.directory, self.log_end_offset, self._pool,
+                                 self.config.index_interval_bytes)
+        self._append_segment(segment)
+        if fsync:
+            checkpoint.fsync_dir(self.directory)
+            self._write_recovery_point(segment.base_offset)
+            with self._sync_cond:
+                self._durable_offset = max(self._durable_offset, segment.base_offset)
+
+    def _after_append(self, end_offset: int, sync: bool) -> None:
+        policy = self.config.fsync
+        if policy is FsyncPolicy.ALWAYS:
+            if sync:
+                self.sync_through(end_offset)
+        elif policy is FsyncPolicy.INTERVAL:
+            self.maybe_sync()
+
+    def maybe_sync(self) -> None:
+        """Fsync if the INTERVAL policy's interval has passed (a shell may call it on a timer)."""
+        if self.config.fsync is FsyncPolicy.INTERVAL and (
+            self._clock() - self._last_sync_ms >= self.config.fsync_interval_ms
+        ):
+            self.sync_through(self.log_end_offset)
+
+    def sync_through(self, offset: int) -> None:
+        """Return once every offset below `offset` is fsynced (group commit; thread-safe)."""
+        with self._sync_cond:
+            while self._durable_offset < offset:
+                if not self._sync_running:
+                    self._sync_running = True
+                    break
+                self._sync_cond.wait()
+            else:
+                return
+        target = self._durable_offset
+        truncations = -1
+        try:
+            with self._lock:
+                self._check_open()
+                target = self.log_end_offset
+                truncations = self._truncations
+                active = self._segments[-1]
+            # Outside the log lock: appends go on while the disk works. A segment rolled
+            # meanwhile was fsynced by the roll itself.
+            active.sync()
+            self._last_sync_ms = self._clock()
+        finally:
+            with self._sync_cond:
+                if truncations == self._truncations:
+                    self._durable_offset = max(self._durable_offset, target)
+                self._sync_running = False
+                self._sync_cond.notify_all()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _segment_for(self, offset: int) -> Segment:
+        i = bisect.bisect_right(self._bases, offset) - 1
+        return self._segments[max(i, 0)]
+
+    def _check_range(self, offset: int, upper_bound: int | None) -> int:
+        bound = self.log_end_offset if upper_bound is None else min(upper_bound,
+                                                                    self.log_end_offset)
+        if offset < self.log_start_offset or offset > bound:
+            raise OffsetOutOfRange(offset, self.log_start_offset, bound)
+        return bound
+
+    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None) -> FileSlice:
+        """Whole batches from the one holding `offset`, none reaching `upper_bound` (default:
+        the LEO), about `max_bytes` in all but at least one batch. The first batch may start
+        before `offset`: readers skip records below it. An empty slice means: nothing yet."""
+        with self._lock:
+            self._check_open()
+            bound = self._check_range(offset, upper_bound)
+            if offset == bound:
+                return FileSlice(-1, 0, 0, offset, offset)
+            segment = self._segment_for(offset)
+            position, length, first, next_offset = segment.span(offset, max(1, max_bytes), bound)
+            if length == 0:
+                return FileSlice(-1, 0, 0, offset, offset)
+            fd = self._pool.dup(segment.log_path)
+        return FileSlice(fd, position, length, first, next_offset)
+
+    def read_bytes(self, offset: int, max_bytes: int,
+                   upper_bound: int | None = None) -> tuple[bytes, int]:
+        """Like `read`, as (bytes, next offset)."""
+        with self.read(offset, max_bytes, upper_bound) as piece:
+            data = piece.read()
+            if len(data) != piece.length:
+                raise CorruptRecord("segment shrank while being read")
+            return data, piece.next_offset
+
+    def read_records(self, offset: int, max_bytes: int = 1 << 20,
+                     upper_bound: int | None = None) -> list[fmt.StoredRecord]:
+        """Decoded records from `offset` (CRC-checked), none at or past `upper_bound`."""
+        data, _next = self.read_bytes(offset, max_bytes, upper_bound)
+        try:
+            return fmt.decode_batches(data, min_offset=offset, verify=True)
+        except (fmt.BatchFormatError, UnicodeDecodeError) as exc:
+            raise CorruptRecord(f"cannot decode records at offset {offset} in "
+                                f"{self.directory}: {exc}") from exc
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first offset whose timestamp is >= `timestamp_ms`, or the LEO if none is."""
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                if segment.max_timestamp >= timestamp_ms:
+                    found = segment.offset_for_timestamp(timestamp_ms)
+                    if found is not None:
+                        return found
+            return self.log_end_offset
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
+        with self._lock:
+            return self.epochs.end_offset_for_epoch(epoch, self.log_end_offset)
+
+    # -- truncation and retention ---------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record at or past `offset` (a no-op at or past the LEO). Used by a
+        follower to drop a suffix its leader does not have."""
+        with self._lock:
+            self._check_open()
+            if offset >= self.log_end_offset:
+                return
+            if offset < self.log_start_offset:
+                raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset)
+            i = bisect.bisect_right(self._bases, offset) - 1
+            if offset == self._bases[i] and i > 0:
+                i -= 1  # the whole segment goes; the previous one ends exactly at `offset`
+            # Until the truncation is done and synced, a crash must rescan from here.
+            self._write_recovery_point(self._bases[i])
+            for segment in self._segments[i + 1:]:
+                segment.delete()
+            del self._segments[i + 1:]
+            del self._bases[i + 1:]
+            active = self._segments[-1]
+            cut = active.truncate_to(offset)
+            if cut is not None:
+                header = fmt.parse_header(cut)
+                kept = [r for r in fmt.decode_records(cut, 0, header) if r.offset < offset]
+                if kept:
+                    rebuilt = fmt.rebase_batch(cut, kept)
+                    active.append(rebuilt, [fmt.parse_header(rebuilt)])
+            assert self.log_end_offset == offset
+            self.epochs.truncate_from_end(offset)
+            synced = self.config.fsync is not FsyncPolicy.NEVER
+            if synced:
+                active.sync()
+            with self._sync_cond:
+                self._truncations += 1
+                self._durable_offset = (offset if synced
+                                        else min(self._durable_offset, offset))
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every record and restart the log empty at `offset` (a follower too far behind
+        its leader's log start)."""
+        with self._lock:
+            self._check_open()
+            self._write_recovery_point(0)
+            for segment in self._segments:
+                segment.delete()
+            self._segments.clear()
+            self._bases.clear()
+            self._append_segment(Segment.create(self.directory, offset, self._pool,
+                                                self.config.index_interval_bytes))
+            self.epochs.clear()
+            checkpoint.fsync_dir(self.directory)
+            self._write_recovery_point(offset)
+            with self._sync_cond:
+                self._truncations += 1
+                self._durable_offset = offset
+
+    def apply_retention(self, now_ms: int | None = None,
+                        max_offset: int | None = None) -> list[int]:
+        """Delete sealed segments that retention no longer keeps, oldest first; never the
+        active segment, never one holding offsets at or past `max_offset` (the HW).
+        Returns the base offsets deleted."""
+        cfg = self.config
+        if cfg.retention_ms is None and cfg.retention_bytes is None and (
+            cfg.retention_messages is None
+        ):
+            return []
+        with self._lock:
+            self._check_open()
+            now = self._clock() if now_ms is None else now_ms
+            limit = self.log_end_offset if max_offset is None else max_offset
+            total_bytes = sum(s.size for s in self._segments)
+            deleted: list[int] = []
+            while len(self._segments) > 1:
+                oldest = self._segments[0]
+                if oldest.next_offset > limit:
+                    break
+                count = self.log_end_offset - oldest.base_offset
+                expired = (
+                    (cfg.retention_ms is not None and oldest.max_timestamp >= 0
+                     and oldest.max_timestamp < now - cfg.retention_ms)
+                    or (cfg.retention_bytes is not None and total_bytes > cfg.retention_bytes)
+                    or (cfg.retention_messages is not None and count > cfg.retention_messages)
+                )
+                if not expired:
+                    break
+                oldest.delete()
+                total_bytes -= oldest.size
+                deleted.append(oldest.base_offset)
+                del self._segments[0]
+                del self._bases[0]
+            if deleted:
+                self.epochs.truncate_from_start(self.log_start_offset)
+            return deleted
+
+    # -- checkpoints and lifecycle ----------------------------------------------------------------
+
+    def write_high_watermark(self, high_watermark: int) -> None:
+        assert 0 <= high_watermark <= self.log_end_offset, (high_watermark, self.log_end_offset)
+        checkpoint.write_offset(self.directory / HIGH_WATERMARK_FILE, "high-watermark",
+                                high_watermark)
+
+    def read_high_watermark(self) -> int:
+        """The last checkpointed high watermark, clamped to the log; 0 if none was written."""
+        value = checkpoint.read_offset(self.directory / HIGH_WATERMARK_FILE, "high-watermark")
+        if value is None:
+            return self.log_start_offset
+        return max(self.log_start_offset, min(value, self.log_end_offset))
+
+    def close(self) -> None:
+        """Seal and fsync the active segment and record a clean recovery point."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                for segment in self._segments:
+                    # Sealed segments were fsynced at roll unless the policy is NEVER.
+                    if segment is self._segments[-1] or segment.next_offset > self._durable_offset:
+                        segment.seal(fsync=True)
+                checkpoint.fsync_dir(self.directory)
+                self._write_recovery_point(self.log_end_offset)
+            finally:
+                for segment in self._segments:
+                    segment.close()
+                self._release_lock()
+
+    def delete(self) -> None:
+        """Close the log and remove its directory."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                for segment in self._segments:
+                    segment.close()
+                self._release_lock()
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
