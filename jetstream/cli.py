@@ -1,2 +1,144 @@
-def main() -> int:
+"""The `jetstream` command line.
+
+`jetstream dev` is the one-command start: an embedded nats-server and a broker on loopback,
+stopped by Ctrl-C. `jetstream server` runs one broker from flags, a config file and
+`JETSTREAM_*` environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from jetstream.errors import JetstreamError
+
+DEV_PORTS = {"nats_port": 4222, "port": 7400, "http_port": 7480}
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _dev(args: argparse.Namespace) -> int:
+    """Embedded NATS and a local broker on loopback, until Ctrl-C."""
+    import asyncio
+    import logging
+
+    from jetstream.server.broker import Broker
+    from jetstream.server.config import BrokerConfig
+
+    temporary = args.data_dir is None
+    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="jetstream-dev-"))
+    # Well-known ports when they are free (copy-paste friendly), else any free port.
+    ports = {name: (port if _free(port) else 0) for name, port in DEV_PORTS.items()}
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    broker = Broker(BrokerConfig(data_dir=str(data_dir / "broker-0"), **ports))
+
+    async def run() -> None:
+        await broker.start()
+        info = broker.describe_self()
+        address = f"{info['host']}:{info['port']}"
+        if args.json:
+            print(json.dumps({"event": "ready", "brokers": address, **info}), flush=True)
+        else:
+            print(f"""Jetstream dev: embedded NATS and 1 broker (data in {data_dir})
+  NATS          {info['nats_url']}
+  broker 0      {address}
+  HTTP API      http://{info['host']}:{info['http_port']}   (docs: /docs)
+
+Try, in another terminal:
+  export JETSTREAM_BROKERS={address}
+  jetstream stream create orders --subject 'orders.*'
+  jetstream pub orders.new 'hello'
+  jetstream sub orders --from earliest
+
+Ctrl-C stops it.""", flush=True)
+        await broker.run_until_stopped()
+
+    try:
+        asyncio.run(run())
+    finally:
+        if temporary:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    if not args.json:
+        print("stopped", flush=True)
     return 0
+
+
+def _server(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    from dataclasses import fields
+
+    from jetstream.server.broker import Broker
+    from jetstream.server.config import BrokerConfig
+
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(BrokerConfig)}
+    config = BrokerConfig.load(args.config, overrides=overrides)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    broker = Broker(config)
+
+    async def run() -> None:
+        await broker.start()
+        info = broker.describe_self()
+        print(f"jetstream broker {info['broker_id']} ready: socket {info['host']}:{info['port']}"
+              f"  http http://{info['host']}:{info['http_port']}  nats {info['nats_url']}",
+              flush=True)
+        await broker.run_until_stopped()
+
+    asyncio.run(run())
+    return 0
+
+
+def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
+    from dataclasses import fields
+
+    from jetstream.server.config import BrokerConfig
+
+    parser.add_argument("--config", help="TOML file of broker settings")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    for f in fields(BrokerConfig):
+        kind = int if f.type == "int" else str
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind,
+                            default=None, help=f"(default {f.default!r})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jetstream", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    dev = sub.add_parser("dev", help="embedded NATS + a local broker, nothing to set up")
+    dev.add_argument("--data-dir", help="keep the data here (default: a temp dir, removed)")
+    dev.add_argument("--json", action="store_true", help="print the addresses as JSON")
+    dev.set_defaults(func=_dev)
+    server = sub.add_parser("server", help="run one broker")
+    _add_broker_flags(server)
+    server.set_defaults(func=_server)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except JetstreamError as exc:
+        print(f"error [{exc.code}]: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

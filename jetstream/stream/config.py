@@ -32,7 +32,7 @@ class FsyncPolicy(enum.StrEnum):
 class LogConfig:
     #: A new segment starts when the active one would grow past this many bytes.
     segment_bytes_max: int = 64 * MiB
-    #: ... or when its first record is older than this.
+    #: ... or when a batch's newest record is this much newer than the segment's first record.
     segment_ms_max: int = 7 * 24 * 3600 * 1000
     #: An offset/time index entry at most every this many bytes of log.
     index_interval_bytes: int = 4 * KiB

@@ -21,11 +21,12 @@ DEFAULT_MAX_OPEN = 1024
 
 
 class _Entry:
-    __slots__ = ("fd", "pins")
+    __slots__ = ("closing", "fd", "pins")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.pins = 0
+        self.closing = False  # closed by its last unpin (see `close`)
 
 
 class HandlePool:
@@ -62,6 +63,8 @@ class HandlePool:
         finally:
             with self._lock:
                 entry.pins -= 1
+                if entry.closing and entry.pins == 0:
+                    os.close(entry.fd)
                 self._evict_locked()
 
     def dup(self, path: Path | str) -> int:
@@ -70,12 +73,16 @@ class HandlePool:
             return os.dup(fd)
 
     def close(self, path: Path | str) -> None:
-        """Close `path` now (before deleting or renaming it). It must not be pinned."""
+        """Close `path` (before deleting or renaming it). If a thread has it pinned (a long
+        fsync of a segment that a truncation deletes), its descriptor is closed when that
+        thread is done with it; the next `pinned(path)` opens the path afresh."""
         with self._lock:
             entry = self._open.pop(str(path), None)
             if entry is not None:
-                assert entry.pins == 0, f"closing pinned file {path}"
-                os.close(entry.fd)
+                if entry.pins:
+                    entry.closing = True
+                else:
+                    os.close(entry.fd)
 
     def _evict_locked(self) -> None:
         if len(self._open) <= self.max_open:

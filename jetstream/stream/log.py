@@ -29,6 +29,7 @@ import bisect
 import fcntl
 import os
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +61,22 @@ _U32_MAX = 0xFFFFFFFF
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _roll_due(config: LogConfig, used: int, first_timestamp: int, base_offset: int,
+              header: fmt.BatchHeader) -> bool:
+    """Whether the batch `header` must start a new segment, the active one holding `used`
+    bytes from `base_offset` with its first record at `first_timestamp`. An empty segment
+    takes any batch.
+
+    Age is measured in record time, as Kafka does (KAFKA-4099): the newest record of the batch
+    against the segment's first record. Against the wall clock, a log receiving old data (a
+    follower catching up, a replay of old records) would roll at every batch."""
+    return used > 0 and (
+        used + header.size > config.segment_bytes_max
+        or header.max_timestamp - first_timestamp >= config.segment_ms_max
+        or header.last_offset - base_offset > _U32_MAX
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +165,14 @@ class Log:
     def _open(self) -> RecoveryReport:
         for tmp in self.directory.glob("*.tmp"):
             tmp.unlink()
-        bases = sorted(int(p.name[:-4]) for p in self.directory.glob("*.log")
-                       if p.name[:-4].isdigit())
-        for stale in self.directory.glob("*index"):
-            if int(stale.name.split(".")[0]) not in bases:
-                stale.unlink()
+        # Only names this module writes (`%020d.log`); anything else is not ours to read.
+        bases = sorted(int(p.name[:20]) for p in self.directory.glob("*.log")
+                       if len(p.name) == 24 and p.name[:20].isdigit())
+        for suffix in (".index", ".timeindex"):
+            for stale in self.directory.glob("*" + suffix):
+                stem = stale.name[:-len(suffix)]
+                if len(stem) == 20 and stem.isdigit() and int(stem) not in bases:
+                    stale.unlink()
         recovery_point = checkpoint.read_offset(self.directory / RECOVERY_POINT_FILE,
                                                 "recovery-point")
         rp = recovery_point if recovery_point is not None else 0
@@ -177,7 +197,8 @@ class Log:
             start = recovery_point or 0
             self._append_segment(Segment.create(self.directory, start, self._pool,
                                                 self.config.index_interval_bytes))
-        self._check_epoch_cache()
+        rescanned, cut, gone = self._check_epoch_cache()
+        scanned, truncated, dropped = scanned + rescanned, truncated + cut, dropped + gone
         if scanned or dropped or recovery_point != self.log_end_offset:
             # Make what recovery kept durable, so the next open can trust it.
             for segment in self._segments:
@@ -195,12 +216,13 @@ class Log:
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
 
-    def _check_epoch_cache(self) -> None:
-        """Make the epoch cache agree with the batches on disk; rebuild it if it does not."""
+    def _check_epoch_cache(self) -> tuple[int, int, int]:
+        """Make the epoch cache agree with the batches on disk; rebuild it if it does not.
+        Returns the (scanned, truncated bytes, dropped) segments a damaged batch cost."""
         self.epochs.truncate_from_end(self.log_end_offset)
         self.epochs.truncate_from_start(self.log_start_offset)
         if self.log_end_offset == self.log_start_offset:
-            return
+            return 0, 0, 0
         last = self._segments[-1] if self._segments[-1].size else self._segments[-2]
         location = last.find(last.next_offset - 1)
         assert location is not None
@@ -208,16 +230,41 @@ class Log:
         if entries and entries[0].start_offset == self.log_start_offset and (
             self.epochs.latest_epoch == location.header.leader_epoch
         ):
-            return
+            return 0, 0, 0
+        scanned = truncated = dropped = 0
         self.epochs.clear()
-        for segment in self._segments:
-            offset = segment.base_offset
-            while offset < segment.next_offset:
-                found = segment.find(offset)
-                assert found is not None
-                if found.header.leader_epoch > self.epochs.latest_epoch:
-                    self.epochs.assign(found.header.leader_epoch, found.header.base_offset)
-                offset = found.header.next_offset
+        i = 0
+        while i < len(self._segments):
+            segment = self._segments[i]
+            try:
+                self._assign_epochs_of(segment)
+            except CorruptRecord:
+                # Damage in a trusted segment, where opening did not look. Rather than fail
+                # to open (or learn an epoch from a damaged header), scan it as recovery
+                # would without a recovery point: the log ends at the damage.
+                scanned, truncated = scanned + 1, truncated + segment.recover()
+                dropped += self._drop_files(self._bases[i + 1:])
+                del self._segments[i + 1:]
+                del self._bases[i + 1:]
+                self.epochs.clear()
+                i = 0
+                continue
+            i += 1
+        return scanned, truncated, dropped
+
+    def _assign_epochs_of(self, segment: Segment) -> None:
+        """Assign the epochs of a segment's batches, each checked against its CRC."""
+        offset = segment.base_offset
+        while offset < segment.next_offset:
+            found = segment.find(offset)
+            assert found is not None
+            header = found.header
+            if not fmt.verify_crc(segment.read_at(found.position, header.size), 0, header):
+                raise CorruptRecord(f"CRC mismatch in {segment.log_path} at {found.position}",
+                                    path=str(segment.log_path), position=found.position)
+            if header.leader_epoch > self.epochs.latest_epoch:
+                self.epochs.assign(header.leader_epoch, header.base_offset)
+            offset = header.next_offset
 
     def _write_recovery_point(self, offset: int) -> None:
         checkpoint.write_offset(self.directory / RECOVERY_POINT_FILE, "recovery-point", offset)
@@ -273,7 +320,10 @@ class Log:
             if len(record.value) > near or record.headers or len(record.subject) > 1024 or (
                 record.key is not None and len(record.key) > 1024
             ):
-                size = fmt.record_size(record)
+                try:
+                    size = fmt.record_size(record)
+                except UnicodeEncodeError as exc:
+                    raise InvalidBatch(f"records cannot be encoded: {exc}") from exc
                 if size > cfg.record_bytes_max:
                     raise RecordTooLarge(size, cfg.record_bytes_max)
         with self._lock:
@@ -283,14 +333,18 @@ class Log:
             now = self._clock()
             base = self.log_end_offset
             try:
-                data = fmt.encode_batch(base, leader_epoch, records, now)
-            except (ValueError, UnicodeEncodeError) as exc:
+                head, body = fmt.encode_batch_parts(base, leader_epoch, records, now)
+            except (ValueError, struct.error) as exc:
+                # struct.error: a timestamp or the epoch does not fit its field.
                 raise InvalidBatch(f"records cannot be encoded: {exc}") from exc
-            if len(data) > cfg.batch_bytes_max:
-                raise BatchTooLarge(len(data), cfg.batch_bytes_max, "bytes")
-            header = fmt.parse_header(data)
-            self._append_locked(data, [header], now)
-            info = AppendInfo(base, header.last_offset, self.log_end_offset, len(data))
+            size = len(head) + len(body)
+            if size > cfg.batch_bytes_max:
+                raise BatchTooLarge(size, cfg.batch_bytes_max, "bytes")
+            header = fmt.parse_header(head)
+            active = self._segments[-1]
+            roll = _roll_due(cfg, active.size, active.first_timestamp, active.base_offset, header)
+            self._append_locked((head, body), [header], roll)
+            info = AppendInfo(base, header.last_offset, self.log_end_offset, size)
         self._after_append(info.log_end_offset, sync)
         return info
 
@@ -322,38 +376,38 @@ class Log:
                     raise BatchTooLarge(header.size, self.config.batch_bytes_max, "bytes")
                 expected, epoch = header.next_offset, header.leader_epoch
             base = self.log_end_offset
-            now = self._clock()
-            run_start = 0
             view = memoryview(data)
-            # Group consecutive batches per segment: a roll may fall between them.
+            # Group consecutive batches per segment, rolling before a batch exactly where the
+            # leader did (the same rule on the same batches): one write per segment.
+            active = self._segments[-1]
+            used, first_ts, seg_base = active.size, active.first_timestamp, active.base_offset
+            run_start = 0
             while run_start < len(batches):
-                run_end = run_start + 1
-                first_pos = batches[run_start][0]
-                while run_end < len(batches) and not self._should_roll(
-                    batches[run_end][0] + batches[run_end][1].size - first_pos,
-                    batches[run_end][1], now,
-                ):
+                roll = _roll_due(self.config, used, first_ts, seg_base, batches[run_start][1])
+                if roll:
+                    used = 0
+                run_end = run_start
+                while run_end < len(batches):
+                    header = batches[run_end][1]
+                    if run_end > run_start and _roll_due(self.config, used, first_ts, seg_base,
+                                                         header):
+                        break
+                    if used == 0:
+                        first_ts, seg_base = header.first_timestamp, header.base_offset
+                    used += header.size
                     run_end += 1
+                first_pos = batches[run_start][0]
                 last_pos, last_header = batches[run_end - 1]
                 chunk = bytes(view[first_pos:last_pos + last_header.size])
-                self._append_locked(chunk, [h for _p, h in batches[run_start:run_end]], now)
+                self._append_locked((chunk,), [h for _p, h in batches[run_start:run_end]], roll)
                 run_start = run_end
             info = AppendInfo(base, self.log_end_offset - 1, self.log_end_offset, len(data))
         self._after_append(info.log_end_offset, sync)
         return info
 
-    def _should_roll(self, size: int, last_header: fmt.BatchHeader, now: int) -> bool:
-        active = self._segments[-1]
-        if active.size == 0:
-            return False
-        return (
-            active.size + size > self.config.segment_bytes_max
-            or now - active.first_timestamp >= self.config.segment_ms_max
-            or last_header.last_offset - active.base_offset > _U32_MAX
-        )
-
-    def _append_locked(self, data: bytes, headers: list[fmt.BatchHeader], now: int) -> None:
-        if self._should_roll(len(data), headers[-1], now):
+    def _append_locked(self, data: Sequence[bytes], headers: list[fmt.BatchHeader],
+                       roll: bool) -> None:
+        if roll:
             self._roll_locked()
         self._segments[-1].append(data, headers)
         for header in headers:
@@ -399,19 +453,31 @@ class Log:
                 return
         target = self._durable_offset
         truncations = -1
+        synced = False
         try:
             with self._lock:
                 self._check_open()
                 target = self.log_end_offset
                 truncations = self._truncations
-                active = self._segments[-1]
+                # The active segment, and any segment rolled without an fsync (policy NEVER).
+                pending = [s for s in self._segments if s.next_offset > self._durable_offset]
             # Outside the log lock: appends go on while the disk works. A segment rolled
             # meanwhile was fsynced by the roll itself.
-            active.sync()
+            for segment in pending:
+                try:
+                    segment.sync()
+                except FileNotFoundError:
+                    # Deleted meanwhile by a truncation (which keeps `target` from counting)
+                    # or by retention: nothing of it is left to flush.
+                    with self._lock:
+                        if segment in self._segments:
+                            raise
+            synced = True
             self._last_sync_ms = self._clock()
         finally:
             with self._sync_cond:
-                if truncations == self._truncations:
+                # A failed fsync proves nothing durable.
+                if synced and truncations == self._truncations:
                     self._durable_offset = max(self._durable_offset, target)
                 self._sync_running = False
                 self._sync_cond.notify_all()
@@ -495,6 +561,7 @@ class Log:
                 i -= 1  # the whole segment goes; the previous one ends exactly at `offset`
             # Until the truncation is done and synced, a crash must rescan from here.
             self._write_recovery_point(self._bases[i])
+            deleted = len(self._segments) - i - 1
             for segment in self._segments[i + 1:]:
                 segment.delete()
             del self._segments[i + 1:]
@@ -506,12 +573,16 @@ class Log:
                 kept = [r for r in fmt.decode_records(cut, 0, header) if r.offset < offset]
                 if kept:
                     rebuilt = fmt.rebase_batch(cut, kept)
-                    active.append(rebuilt, [fmt.parse_header(rebuilt)])
+                    active.append((rebuilt,), [fmt.parse_header(rebuilt)])
             assert self.log_end_offset == offset
             self.epochs.truncate_from_end(offset)
             synced = self.config.fsync is not FsyncPolicy.NEVER
             if synced:
                 active.sync()
+                if deleted:
+                    # Else a power loss could bring the deleted segments back, and opening
+                    # would take them as the continuation of this one.
+                    checkpoint.fsync_dir(self.directory)
             with self._sync_cond:
                 self._truncations += 1
                 self._durable_offset = (offset if synced
@@ -582,7 +653,8 @@ class Log:
                                 high_watermark)
 
     def read_high_watermark(self) -> int:
-        """The last checkpointed high watermark, clamped to the log; 0 if none was written."""
+        """The last checkpointed high watermark, clamped to the log; the log start offset if
+        none was written (or the checkpoint is damaged)."""
         value = checkpoint.read_offset(self.directory / HIGH_WATERMARK_FILE, "high-watermark")
         if value is None:
             return self.log_start_offset

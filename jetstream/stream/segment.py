@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,14 @@ class Segment:
             first = self._read_batch_header(0)
             if first.base_offset != self.base_offset:
                 return False
+            # The first batch always has a time entry (unless its timestamps are negative): a
+            # missing or emptied time index would understate max_timestamp, and retention by
+            # age and time lookups would skip records.
+            if first.max_timestamp >= 0 and (
+                not times or times.relative_offsets[0] != 0
+                or times.timestamps[0] != first.max_timestamp
+            ):
+                return False
             self.first_timestamp = first.first_timestamp
             rel, pos = offsets.lookup(offsets.relative_offsets[-1])
             last = self._walk_to_end(pos, self.base_offset + rel)
@@ -156,20 +165,24 @@ class Segment:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def append(self, data: bytes, headers: list[fmt.BatchHeader]) -> None:
-        """Write whole, already validated batches at the end of the segment."""
+    def append(self, chunks: Sequence[bytes], headers: list[fmt.BatchHeader]) -> None:
+        """Write whole, already validated batches (given as consecutive chunks of bytes) at
+        the end of the segment."""
         assert headers and headers[0].base_offset == self.next_offset
         position = self.size
+        total = sum(len(c) for c in chunks)
         with self._pool.pinned(self.log_path) as fd:
             try:
-                written = os.pwrite(fd, data, position)
-                while written < len(data):
-                    written += os.pwrite(fd, memoryview(data)[written:], position + written)
+                written = os.pwritev(fd, chunks, position)
+                if written < total:  # rare: finish from one buffer
+                    rest = memoryview(b"".join(chunks))
+                    while written < total:
+                        written += os.pwrite(fd, rest[written:], position + written)
             except OSError as exc:
                 # Leave no partial batch behind: the file ends where it did before.
                 os.ftruncate(fd, position)
                 if exc.errno in _DISK_FULL_ERRNOS:
-                    raise DiskFull(f"no space to append {len(data)} bytes to {self.log_path}: "
+                    raise DiskFull(f"no space to append {total} bytes to {self.log_path}: "
                                    f"{exc.strerror}") from exc
                 raise
         for header in headers:
@@ -275,10 +288,15 @@ class Segment:
             except fmt.BatchFormatError as exc:
                 raise CorruptRecord(f"bad batch header in {self.log_path} at {position}: {exc}",
                                     path=str(self.log_path), position=position) from exc
-            if header.base_offset != expected or position + header.size > self.size:
+            # A batch claiming offsets past the segment's end is damaged too: taken as is, a
+            # read would see it reach past the bound and return nothing, forever.
+            if (header.base_offset != expected or position + header.size > self.size
+                    or header.next_offset > self.next_offset):
                 raise CorruptRecord(
-                    f"batch at {position} in {self.log_path} has offset {header.base_offset}, "
-                    f"expected {expected}", path=str(self.log_path), position=position)
+                    f"batch at {position} in {self.log_path} has offsets "
+                    f"[{header.base_offset}, {header.last_offset}], expected it to start at "
+                    f"{expected} and end before {self.next_offset}",
+                    path=str(self.log_path), position=position)
             if header.last_offset >= offset:
                 return BatchLocation(position, header)
             expected = header.next_offset

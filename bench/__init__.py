@@ -1,0 +1,1 @@
+"""Benchmark programs (STYLE.md section 10): run one with `python -m bench.<name>`."""

@@ -1,0 +1,7 @@
+"""`python -m jetstream ...` runs the `jetstream` command line."""
+
+import sys
+
+from jetstream.cli import main
+
+sys.exit(main())

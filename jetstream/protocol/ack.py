@@ -1,0 +1,236 @@
+"""The acks a partition leader publishes for appended messages, declared once.
+
+Theory of operation: a publisher sends through plain NATS, so its ack comes back through NATS
+too: to the envelope's ack inbox, else to the message's reply subject, when the ack policy is
+reached (`leader`: after the leader's write; `all`: after commit; `none`: no ack). Acks are
+compact JSON (UTF-8, ASCII in practice) so that any NATS client in any language can read them.
+A message that asked for `batch_ack` is acked together with the other such messages of the
+same append that share its ack inbox: one NATS message instead of one per record. When an
+append fails, the same destinations get an error ack carrying the error's code, message and
+data fields; `decode_ack` raises it as the JetstreamError of that code (messages.py), and
+`parse_ack` returns it with the stream, partition and correlation id it concerns.
+
+    single  {"stream": s, "partition": p, "offset": n, "subject": subj,
+             "correlation_id": c | null, "ack_policy": "leader" | "all"}
+    error   {"stream": s, "partition": p, "correlation_id": c | null,
+             "error": {"code": "...", "message": "...", ...data fields}}
+    batch   {"stream": s, "partition": p, "ack_policy": "leader" | "all",
+             "acks": [{"offset": n, "correlation_id": c | null}, ...]}   1..ACK_ENTRIES_MAX
+    Unknown keys are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from jetstream.errors import JetstreamError, ProtocolError
+from jetstream.protocol import names
+from jetstream.protocol.envelope import CORRELATION_ID_CHARS_MAX, AckPolicy
+from jetstream.protocol.frames import MiB
+from jetstream.protocol.messages import (
+    OFFSET_MAX,
+    PARTITION_MAX,
+    error_from_header,
+    error_header,
+)
+
+#: Most acks in one batch ack: a broker splits a larger batch into several.
+ACK_ENTRIES_MAX = 1000
+#: Largest ack accepted by `decode_ack`; a full batch ack of the longest correlation ids
+#: (escaped) stays below it.
+ACK_BYTES_MAX = 4 * MiB
+_ACKED_POLICIES = frozenset({AckPolicy.LEADER.value, AckPolicy.ALL.value})
+
+_Fail = Callable[[str, str], NoReturn]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    stream: str
+    partition: int
+    offset: int
+    correlation_id: str | None
+    ack_policy: AckPolicy
+    #: The subject the message arrived on; None in a batch ack, which does not carry it.
+    subject: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorAck:
+    """An append failed: `error` says why."""
+
+    stream: str
+    partition: int
+    correlation_id: str | None
+    error: JetstreamError
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    # default=str: an error field JSON cannot carry (bytes, say) is sent as its str().
+    return json.dumps(obj, separators=(",", ":"), default=str).encode()
+
+
+def encode_ack(stream: str, partition: int, offset: int, subject: str,
+               correlation_id: str | None, ack_policy: AckPolicy | str) -> bytes:
+    """The ack of one message. Raises ProtocolError naming a bad argument."""
+    _check_target(stream, partition, correlation_id, _raise_bad)
+    _check_offset(offset, "offset", _raise_bad)
+    if not names.is_subject(subject, wildcards=False):
+        _raise_bad("subject", "must be a NATS subject without wildcards")
+    return _dumps({"stream": stream, "partition": partition, "offset": offset,
+                   "subject": subject, "correlation_id": correlation_id,
+                   "ack_policy": _check_policy(ack_policy, _raise_bad)})
+
+
+def encode_error_ack(stream: str, partition: int, correlation_id: str | None,
+                     error: JetstreamError) -> bytes:
+    """The ack of a failed append: the error's code, message and data fields."""
+    _check_target(stream, partition, correlation_id, _raise_bad)
+    return _dumps({"stream": stream, "partition": partition, "correlation_id": correlation_id,
+                   "error": error_header(error)})
+
+
+def encode_batch_ack(stream: str, partition: int, ack_policy: AckPolicy | str,
+                     acks: Sequence[tuple[int, str | None]]) -> bytes:
+    """One ack for several messages of one append: (offset, correlation_id) pairs, at most
+    ACK_ENTRIES_MAX (split larger batches)."""
+    _check_target(stream, partition, None, _raise_bad)
+    policy = _check_policy(ack_policy, _raise_bad)
+    if not 0 < len(acks) <= ACK_ENTRIES_MAX:
+        _raise_bad("acks", f"must hold 1..{ACK_ENTRIES_MAX} entries, got {len(acks)}")
+    entries = []
+    for offset, correlation_id in acks:
+        _check_offset(offset, "offset", _raise_bad)
+        _check_correlation_id(correlation_id, _raise_bad)
+        entries.append({"offset": offset, "correlation_id": correlation_id})
+    return _dumps({"stream": stream, "partition": partition, "ack_policy": policy,
+                   "acks": entries})
+
+
+def parse_ack(data: bytes | bytearray | memoryview) -> list[Ack] | ErrorAck:
+    """The acks in `data`, or the error ack it is. Raises ProtocolError when `data` is not an
+    ack."""
+    if len(data) > ACK_BYTES_MAX:
+        _raise_malformed("ack", f"is larger than {ACK_BYTES_MAX} bytes")
+    try:
+        obj = json.loads(bytes(data).decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError
+        raise ProtocolError(f"ack is not JSON: {e}", field="ack") from None
+    if not isinstance(obj, dict):
+        _raise_malformed("ack", "must be a JSON object")
+    stream, partition = _check_target(obj.get("stream"), obj.get("partition"), None,
+                                      _raise_malformed)
+    if "error" in obj:
+        correlation_id = _check_correlation_id(obj.get("correlation_id"), _raise_malformed)
+        if not isinstance(obj["error"], dict):
+            _raise_malformed("error", "must be a JSON object")
+        return ErrorAck(stream, partition, correlation_id, error_from_header(obj["error"]))
+    policy = _check_policy(obj.get("ack_policy"), _raise_malformed)
+    if "acks" in obj:
+        entries = obj["acks"]
+        if not isinstance(entries, list) or not 0 < len(entries) <= ACK_ENTRIES_MAX:
+            _raise_malformed("acks", f"must be a list of 1..{ACK_ENTRIES_MAX} entries")
+        acks = []
+        for entry in entries:
+            if not isinstance(entry, dict):
+                _raise_malformed("acks", "entries must be JSON objects")
+            acks.append(_single(stream, partition, policy, entry, None))
+        return acks
+    subject = obj.get("subject")
+    if not names.is_subject(subject, wildcards=False):
+        _raise_malformed("subject", "must be a NATS subject without wildcards")
+    return [_single(stream, partition, policy, obj, subject)]
+
+
+def decode_ack(data: bytes | bytearray | memoryview) -> list[Ack]:
+    """The acks in `data`. An error ack raises the error it carries (a JetstreamError); use
+    `parse_ack` to learn which correlation id it concerns. Raises ProtocolError when `data`
+    is not an ack."""
+    result = parse_ack(data)
+    if isinstance(result, ErrorAck):
+        raise result.error
+    return result
+
+
+def _single(stream: str, partition: int, policy: AckPolicy, obj: dict[str, Any],
+            subject: str | None) -> Ack:
+    offset = _check_offset(obj.get("offset"), "offset", _raise_malformed)
+    correlation_id = _check_correlation_id(obj.get("correlation_id"), _raise_malformed)
+    return Ack(stream, partition, offset, correlation_id, policy, subject)
+
+
+# -- checks ------------------------------------------------------------------------------------
+# Encoders and the decoder share the checks; they differ in the words of the error.
+
+
+def _raise_bad(name: str, why: str) -> NoReturn:
+    raise ProtocolError(f"{name} {why}", field=name)
+
+
+def _raise_malformed(name: str, why: str) -> NoReturn:
+    raise ProtocolError(f"malformed ack: {name} {why}", field=name)
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_target(stream: object, partition: object, correlation_id: object,
+                  fail: _Fail) -> tuple[str, int]:
+    if not names.is_stream_name(stream):
+        fail("stream", "must be a stream name")
+    _check_correlation_id(correlation_id, fail)
+    return stream, _check_int(partition, "partition", PARTITION_MAX, fail)
+
+
+def _check_offset(offset: object, name: str, fail: _Fail) -> int:
+    return _check_int(offset, name, OFFSET_MAX, fail)
+
+
+def _check_int(value: object, name: str, high: int, fail: _Fail) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        fail(name, f"must be an integer in [0, {high}], got {value!r}")
+    return value
+
+
+def _check_correlation_id(correlation_id: object, fail: _Fail) -> str | None:
+    if correlation_id is None:
+        return None
+    if not isinstance(correlation_id, str) or len(correlation_id) > CORRELATION_ID_CHARS_MAX:
+        fail("correlation_id", f"must be null or a string of at most "
+                               f"{CORRELATION_ID_CHARS_MAX} characters")
+    return correlation_id
+
+
+def _check_policy(policy: object, fail: _Fail) -> AckPolicy:
+    if not isinstance(policy, str) or policy not in _ACKED_POLICIES:
+        fail("ack_policy", f"must be one of {sorted(_ACKED_POLICIES)}, got {policy!r}")
+    return AckPolicy(policy)
+
+
+class AckEncoder:
+    """Single acks of one partition at ingest speed: the same bytes as `encode_ack`, with the
+    fixed parts built once and the subjects' JSON cached, and no argument checks (the broker
+    passes offsets it assigned and subjects NATS delivered)."""
+
+    SUBJECTS_CACHED_MAX = 4096
+
+    def __init__(self, stream: str, partition: int) -> None:
+        _check_target(stream, partition, None, _raise_bad)
+        self._prefix = (f'{{"stream":{json.dumps(stream)},"partition":{partition},'
+                        '"offset":')
+        self._subjects: dict[str, str] = {}
+
+    def encode(self, offset: int, subject: str, correlation_id: str | None,
+               ack_policy: AckPolicy) -> bytes:
+        subject_json = self._subjects.get(subject)
+        if subject_json is None:
+            if len(self._subjects) >= self.SUBJECTS_CACHED_MAX:
+                self._subjects.clear()
+            subject_json = self._subjects[subject] = json.dumps(subject)
+        cid = "null" if correlation_id is None else json.dumps(correlation_id)
+        return (f'{self._prefix}{offset},"subject":{subject_json},"correlation_id":{cid},'
+                f'"ack_policy":"{ack_policy.value}"}}').encode()

@@ -1,0 +1,179 @@
+"""The envelope a publisher may wrap a NATS message payload in, declared once.
+
+Theory of operation: publishers use plain NATS, and a plain payload is stored as is (value =
+payload, the NATS headers kept). A publisher that wants more — a key for partitioning and
+compaction, record headers, acks sent to an inbox of its choice with a correlation id, an ack
+policy other than the stream's default, or one ack for many messages — wraps the value in an
+envelope. The broker tells the two apart by the magic cookie, and by nothing else being wrong:
+`decode_envelope` returns None for any payload that is not a valid envelope (no magic, another
+version, bad msgpack, a wrong type, a value out of range), and the broker then stores the
+payload as a plain message. So it never raises on arbitrary bytes; a publisher that builds its
+envelopes with `encode_envelope` gets its mistakes reported on its side instead.
+
+    Envelope:
+      magic     4 bytes  b"JSEV"
+      version   u8       1
+      body      msgpack map, the rest of the payload:
+        "value"           bin                  required
+        "key"             bin | nil            partition key, compaction key
+        "headers"         map str -> bin       record headers: at most 256, names of
+                                               1..256 characters
+        "ack_inbox"       str | nil            subject to send the ack to (no wildcards,
+                                               <= 255 characters); else the reply subject
+        "correlation_id"  str | nil            echoed in the ack, <= 256 characters
+        "ack_policy"      "leader" | "all" | "none" | nil   nil: the stream's default
+        "batch_ack"       bool                 one ack for the envelopes of an append that
+                                               share this ack inbox (default false)
+      Absent and nil mean the same; unknown keys are ignored. The encoder omits defaults.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from jetstream.errors import ProtocolError
+from jetstream.protocol import names
+
+MAGIC = b"JSEV"
+VERSION = 1
+PREFIX = struct.Struct(">4sB")
+assert PREFIX.size == len(MAGIC) + 1
+_PREFIX_BYTES = PREFIX.pack(MAGIC, VERSION)
+
+CORRELATION_ID_CHARS_MAX = 256
+HEADERS_MAX = 256
+HEADER_NAME_CHARS_MAX = 256
+
+
+class AckPolicy(enum.StrEnum):
+    """When the broker acks: after the leader's own write, after commit (every in-sync
+    replica has the message), or never."""
+
+    LEADER = "leader"
+    ALL = "all"
+    NONE = "none"
+
+
+_POLICIES = frozenset(p.value for p in AckPolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    value: bytes
+    key: bytes | None = None
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+    ack_inbox: str | None = None
+    correlation_id: str | None = None
+    ack_policy: AckPolicy | None = None
+    batch_ack: bool = False
+
+    def __post_init__(self) -> None:
+        # Raises ProtocolError naming the field; decode_envelope turns that into None.
+        if not isinstance(self.value, bytes):
+            raise _bad("value", "must be bytes")
+        if self.key is not None and not isinstance(self.key, bytes):
+            raise _bad("key", "must be bytes or None")
+        headers = self.headers
+        if not isinstance(headers, Mapping) or len(headers) > HEADERS_MAX:
+            raise _bad("headers", f"must be a map of at most {HEADERS_MAX} names to bytes")
+        for name, value in headers.items():
+            if not isinstance(name, str) or not 0 < len(name) <= HEADER_NAME_CHARS_MAX:
+                raise _bad("headers", f"names must be 1..{HEADER_NAME_CHARS_MAX} characters")
+            if not isinstance(value, bytes):
+                raise _bad("headers", f"value of {name!r} must be bytes")
+        object.__setattr__(self, "headers", dict(headers))
+        if self.ack_inbox is not None and not names.is_subject(self.ack_inbox, wildcards=False):
+            raise _bad("ack_inbox", "must be a NATS subject without wildcards")
+        if self.correlation_id is not None and (
+                not isinstance(self.correlation_id, str)
+                or len(self.correlation_id) > CORRELATION_ID_CHARS_MAX):
+            raise _bad("correlation_id", f"must be a string of at most "
+                                         f"{CORRELATION_ID_CHARS_MAX} characters")
+        object.__setattr__(self, "ack_policy", _ack_policy(self.ack_policy))
+        if not isinstance(self.batch_ack, bool):
+            raise _bad("batch_ack", "must be a bool")
+
+
+def _bad(name: str, why: str) -> ProtocolError:
+    return ProtocolError(f"envelope {name} {why}", field=name)
+
+
+def _ack_policy(value: object) -> AckPolicy | None:
+    if value is None or isinstance(value, AckPolicy):
+        return value
+    if isinstance(value, str) and value in _POLICIES:
+        return AckPolicy(value)
+    raise _bad("ack_policy", f"must be one of {sorted(_POLICIES)}, got {value!r}")
+
+
+def encode_envelope(
+    value: bytes,
+    key: bytes | None = None,
+    headers: Mapping[str, bytes] | None = None,
+    ack_inbox: str | None = None,
+    correlation_id: str | None = None,
+    ack_policy: AckPolicy | str | None = None,
+    batch_ack: bool = False,
+) -> bytes:
+    """A NATS payload holding `value` in an envelope. Raises ProtocolError naming a bad
+    argument."""
+    envelope = Envelope(value, key, headers if headers is not None else {}, ack_inbox,
+                        correlation_id, _ack_policy(ack_policy), batch_ack)
+    body: dict[str, Any] = {"value": envelope.value}
+    if envelope.key is not None:
+        body["key"] = envelope.key
+    if envelope.headers:
+        body["headers"] = envelope.headers
+    if envelope.ack_inbox is not None:
+        body["ack_inbox"] = envelope.ack_inbox
+    if envelope.correlation_id is not None:
+        body["correlation_id"] = envelope.correlation_id
+    if envelope.ack_policy is not None:
+        body["ack_policy"] = envelope.ack_policy.value
+    if envelope.batch_ack:
+        body["batch_ack"] = True
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return _PREFIX_BYTES + packed
+
+
+def is_envelope(payload: bytes | bytearray | memoryview) -> bool:
+    """True when the payload starts with the magic and version (it may still not decode)."""
+    return bytes(payload[:PREFIX.size]) == _PREFIX_BYTES
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ValueError("extension types are not allowed")
+
+
+def decode_envelope(payload: bytes | bytearray | memoryview) -> Envelope | None:
+    """The envelope in `payload`, or None when it is a plain message. Never raises."""
+    try:
+        if not is_envelope(payload):
+            return None
+        with memoryview(payload) as view, view[PREFIX.size:] as body_bytes:
+            body = msgpack.unpackb(body_bytes, raw=False, strict_map_key=True, max_ext_len=0,
+                                   ext_hook=_reject_ext)
+        if not isinstance(body, dict) or "value" not in body:
+            return None
+        batch_ack = body.get("batch_ack")
+        return Envelope(
+            value=body["value"],
+            key=body.get("key"),
+            headers=_or(body.get("headers"), {}),
+            ack_inbox=body.get("ack_inbox"),
+            correlation_id=body.get("correlation_id"),
+            ack_policy=body.get("ack_policy"),
+            batch_ack=False if batch_ack is None else batch_ack,
+        )
+    except Exception:  # whatever is wrong, the payload is a plain message
+        return None
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value

@@ -1,0 +1,227 @@
+"""The metadata state machine: commands in, new state and a result out.
+
+Theory of operation: the state (brokers, streams, partition assignments) changes only by
+`apply(command)`. Commands are frozen values; `apply` is deterministic (no clock, no
+randomness, no IO), so every broker that applies the same commands in the same order holds
+the same state — that is what lets the same class run behind a local file today and a Raft
+log (pysyncobj) in a cluster. Placement is part of `apply` for the same reason.
+
+Leader and ISR changes are compare-and-set on the partition's leader epoch: a command built
+from stale state is rejected instead of undoing a newer decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from jetstream.errors import (
+    InvalidStreamConfig,
+    JetstreamError,
+    NotEnoughReplicas,
+    StreamExists,
+    UnknownPartition,
+    UnknownStream,
+)
+from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
+
+
+class StaleMetadataEpoch(JetstreamError):
+    """A leader or ISR change named a leader epoch that is no longer current: it was decided
+    on stale state. Re-read the partition and decide again."""
+
+    code = "STALE_METADATA_EPOCH"
+    retriable = True
+
+    def __init__(self, stream: str, partition: int, expected_epoch: int,
+                 current_epoch: int) -> None:
+        super().__init__(f"{stream}/{partition} is at leader epoch {current_epoch}, not "
+                         f"{expected_epoch}", stream=stream, partition=partition,
+                         expected_epoch=expected_epoch, current_epoch=current_epoch)
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterBroker:
+    broker: BrokerInfo
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStream:
+    config: StreamConfig
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStream:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeLeader:
+    stream: str
+    partition: int
+    expected_epoch: int
+    leader: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeIsr:
+    stream: str
+    partition: int
+    expected_epoch: int
+    isr: tuple[int, ...]
+
+
+Command = RegisterBroker | CreateStream | DeleteStream | ChangeLeader | ChangeIsr
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """Result of CreateStream: `existed` when an identical stream was already there."""
+
+    config: StreamConfig
+    partitions: tuple[PartitionState, ...]
+    existed: bool
+
+
+class MetadataState:
+    def __init__(self) -> None:
+        self.brokers: dict[int, BrokerInfo] = {}
+        self.streams: dict[str, StreamConfig] = {}
+        self.partitions: dict[tuple[str, int], PartitionState] = {}
+        #: How many commands were applied: a version clients and brokers compare.
+        self.version = 0
+
+    def apply(self, command: Command) -> Any:
+        """Apply one command; raises a JetstreamError (state unchanged) when it is refused."""
+        handler = getattr(self, "_apply_" + type(command).__name__)
+        result = handler(command)
+        self.version += 1
+        return result
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    def _apply_RegisterBroker(self, command: RegisterBroker) -> BrokerInfo:
+        self.brokers[command.broker.id] = command.broker
+        return command.broker
+
+    def _apply_CreateStream(self, command: CreateStream) -> Created:
+        config = command.config
+        existing = self.streams.get(config.name)
+        if existing is not None:
+            if existing != config:
+                raise StreamExists(config.name)
+            return Created(existing, self.stream_partitions(config.name), existed=True)
+        if config.replication_factor > len(self.brokers):
+            raise NotEnoughReplicas(config.replication_factor, len(self.brokers))
+        placed = place_partitions(config, self.brokers, self.partitions.values())
+        self.streams[config.name] = config
+        for state in placed:
+            self.partitions[(state.stream, state.partition)] = state
+        return Created(config, tuple(placed), existed=False)
+
+    def _apply_DeleteStream(self, command: DeleteStream) -> StreamConfig:
+        config = self.streams.pop(command.name, None)
+        if config is None:
+            raise UnknownStream(command.name)
+        for p in range(config.partitions):
+            del self.partitions[(command.name, p)]
+        return config
+
+    def _apply_ChangeLeader(self, command: ChangeLeader) -> PartitionState:
+        state = self._current(command.stream, command.partition, command.expected_epoch)
+        if command.leader not in state.isr:
+            raise InvalidStreamConfig(
+                f"broker {command.leader} is not in the ISR {list(state.isr)}", field="leader")
+        new = replace(state, leader=command.leader, leader_epoch=state.leader_epoch + 1)
+        self.partitions[(command.stream, command.partition)] = new
+        return new
+
+    def _apply_ChangeIsr(self, command: ChangeIsr) -> PartitionState:
+        state = self._current(command.stream, command.partition, command.expected_epoch)
+        isr = tuple(sorted(set(command.isr)))
+        if state.leader not in isr or not set(isr) <= set(state.replicas):
+            raise InvalidStreamConfig(
+                f"ISR {list(isr)} must hold the leader {state.leader} and only replicas "
+                f"{list(state.replicas)}", field="isr")
+        new = replace(state, isr=isr)
+        self.partitions[(command.stream, command.partition)] = new
+        return new
+
+    def _current(self, stream: str, partition: int, expected_epoch: int) -> PartitionState:
+        state = self.partitions.get((stream, partition))
+        if state is None:
+            if stream not in self.streams:
+                raise UnknownStream(stream)
+            raise UnknownPartition(stream, partition)
+        if state.leader_epoch != expected_epoch:
+            raise StaleMetadataEpoch(stream, partition, expected_epoch, state.leader_epoch)
+        return state
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def stream_partitions(self, name: str) -> tuple[PartitionState, ...]:
+        config = self.streams.get(name)
+        if config is None:
+            raise UnknownStream(name)
+        return tuple(self.partitions[(name, p)] for p in range(config.partitions))
+
+    def partition(self, stream: str, partition: int) -> PartitionState:
+        state = self.partitions.get((stream, partition))
+        if state is None:
+            if stream not in self.streams:
+                raise UnknownStream(stream)
+            raise UnknownPartition(stream, partition)
+        return state
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "brokers": [b.to_dict() for b in self.brokers.values()],
+            "streams": [s.to_dict() for s in self.streams.values()],
+            "partitions": [p.to_dict() for p in self.partitions.values()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MetadataState:
+        state = cls()
+        state.version = data["version"]
+        for b in data["brokers"]:
+            state.brokers[b["id"]] = BrokerInfo(**b)
+        for s in data["streams"]:
+            state.streams[s["name"]] = StreamConfig.from_dict(s)
+        for p in data["partitions"]:
+            part = PartitionState.from_dict(p)
+            state.partitions[(part.stream, part.partition)] = part
+        return state
+
+
+def place_partitions(config: StreamConfig, brokers: Mapping[int, BrokerInfo],
+                     existing: Any) -> list[PartitionState]:
+    """Replicas go to the brokers holding the fewest replicas, leaders to the brokers leading
+    the fewest partitions; ties break by broker id, so placement is deterministic."""
+    replica_load = {b: 0 for b in brokers}
+    leader_load = {b: 0 for b in brokers}
+    for state in existing:
+        for r in state.replicas:
+            if r in replica_load:
+                replica_load[r] += 1
+        if state.leader in leader_load:
+            leader_load[state.leader] += 1
+    placed = []
+    for p in range(config.partitions):
+        chosen = sorted(replica_load, key=lambda b: (replica_load[b], b))
+        replicas = tuple(chosen[: config.replication_factor])
+        leader = min(replicas, key=lambda b: (leader_load[b], b))
+        for r in replicas:
+            replica_load[r] += 1
+        leader_load[leader] += 1
+        ordered = (leader, *(r for r in replicas if r != leader))
+        placed.append(PartitionState(config.name, p, ordered, leader, tuple(sorted(replicas)),
+                                     leader_epoch=0))
+    return placed

@@ -1,0 +1,153 @@
+"""The metadata data model: brokers, streams and their partitions.
+
+Theory of operation: these values are what every broker agrees on. They change only through
+commands applied by the metadata state machine (jetstream.raft_meta.fsm), which runs on one
+broker (local metadata) or on every broker from a Raft log. They are plain frozen values that
+convert to and from JSON-compatible dicts, so they can be persisted, replicated and sent to
+clients without a schema of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from jetstream.errors import InvalidConfig, InvalidStreamConfig
+from jetstream.protocol import names
+from jetstream.protocol.envelope import AckPolicy
+from jetstream.stream.config import FsyncPolicy, LogConfig, MiB
+
+#: Most partitions per stream and the largest replication factor.
+PARTITIONS_MAX = 1024
+REPLICATION_FACTOR_MAX = 7
+MESSAGE_BYTES_MAX = 64 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    name: str
+    subject: str
+    partitions: int = 1
+    group: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    replication_factor: int = 1
+    min_isr: int = 1
+    ack_policy: AckPolicy = AckPolicy.ALL
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    fsync_interval_ms: int = 1000
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    retention_messages: int | None = None
+    segment_bytes_max: int = 64 * MiB
+    max_message_bytes: int = 1 * MiB
+
+    def __post_init__(self) -> None:
+        names.check_stream_name(self.name)
+        names.check_partitioned_subject(self.subject, _int(self, "partitions", 1,
+                                                            PARTITIONS_MAX))
+        if self.group is not None:
+            names.check_group_name(self.group)
+        object.__setattr__(self, "labels", names.check_labels(self.labels))
+        _int(self, "replication_factor", 1, REPLICATION_FACTOR_MAX)
+        _int(self, "min_isr", 1, self.replication_factor)
+        _int(self, "max_message_bytes", 64, MESSAGE_BYTES_MAX)
+        for name, enum_type in (("ack_policy", AckPolicy), ("fsync", FsyncPolicy)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, enum_type(value))
+            except ValueError:
+                raise InvalidStreamConfig(
+                    f"{name} must be one of {[m.value for m in enum_type]}, got {value!r}",
+                    field=name) from None
+        try:
+            self.log_config()
+        except InvalidConfig as exc:  # LogConfig names the field in its own error
+            raise InvalidStreamConfig(str(exc), field=exc.fields.get("field", "")) from None
+
+    def log_config(self) -> LogConfig:
+        return LogConfig(
+            segment_bytes_max=self.segment_bytes_max,
+            record_bytes_max=self.max_message_bytes + 64 * 1024,
+            fsync=self.fsync,
+            fsync_interval_ms=self.fsync_interval_ms,
+            retention_ms=self.retention_ms,
+            retention_bytes=self.retention_bytes,
+            retention_messages=self.retention_messages,
+        )
+
+    def partition_subject(self, partition: int) -> str:
+        return names.partition_subject(self.subject, partition)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["labels"] = dict(self.labels)
+        out["ack_policy"] = self.ack_policy.value
+        out["fsync"] = self.fsync.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StreamConfig:
+        """Build from user input: unknown fields are an error (a typo must not pass)."""
+        if not isinstance(data, Mapping):
+            raise InvalidStreamConfig("a stream config is a map of fields", field="")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidStreamConfig(f"unknown stream config fields: {unknown}",
+                                      field=unknown[0])
+        for required in ("name", "subject"):
+            if required not in data:
+                raise InvalidStreamConfig(f"{required} is required", field=required)
+        return cls(**data)
+
+
+def _int(config: StreamConfig, name: str, low: int, high: int) -> int:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidStreamConfig(f"{name} must be an integer in [{low}, {high}], got {value!r}",
+                                  field=name)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    id: int
+    host: str
+    port: int
+    http_port: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """Who holds a partition: its replicas (brokers), its leader, its in-sync replicas and
+    the leader epoch, bumped at every leader change."""
+
+    stream: str
+    partition: int
+    replicas: tuple[int, ...]
+    leader: int
+    isr: tuple[int, ...]
+    leader_epoch: int
+
+    def __post_init__(self) -> None:
+        assert self.leader in self.isr, (self.leader, self.isr)
+        assert set(self.isr) <= set(self.replicas), (self.isr, self.replicas)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["replicas"] = list(self.replicas)
+        out["isr"] = list(self.isr)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PartitionState:
+        return cls(data["stream"], data["partition"], tuple(data["replicas"]), data["leader"],
+                   tuple(data["isr"]), data["leader_epoch"])

@@ -1,0 +1,305 @@
+"""The broker process: wiring and lifecycle.
+
+Theory of operation: a broker connects to NATS (or starts an embedded nats-server on
+loopback), opens its metadata (jetstream.raft_meta: local for one broker), serves the socket
+API and the HTTP API, and reconciles: for every partition the metadata says it leads, it runs
+a PartitionLeader (jetstream.server.partition); for every partition it no longer holds, it
+stops the role (and deletes the data of a deleted stream). Reconciling is idempotent and runs
+after every metadata change. Requests from either API land in `handle` or in the stream
+methods here, so both APIs behave the same.
+
+Stopping (SIGTERM, SIGINT or `stop()`): stop accepting requests, stop ingest and finish the
+acks of what was received, close the logs (clean recovery point), stop the embedded NATS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from jetstream.errors import (
+    NotLeader,
+    ProtocolError,
+    UnknownPartition,
+    UnknownStream,
+)
+from jetstream.natsd import NatsServer
+from jetstream.protocol import messages as m
+from jetstream.raft_meta.fsm import Command, CreateStream, DeleteStream, RegisterBroker
+from jetstream.raft_meta.local import LocalMetadata
+from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
+from jetstream.server.config import BrokerConfig
+from jetstream.server.metrics import BrokerMetrics, PartitionMetrics, render
+from jetstream.server.partition import PartitionLeader
+from jetstream.server.socket_api import SocketApi
+from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.handles import HandlePool
+from jetstream.stream.log import Log
+
+log = logging.getLogger(__name__)
+
+READY_FILE = "broker.json"
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.metrics = BrokerMetrics()
+        self.socket_api = SocketApi(self)
+        self.http_port = -1
+        self.nats_url = ""
+        self._nats_server: NatsServer | None = None
+        self._nc: Any = None
+        self._metadata: LocalMetadata | None = None
+        self._leaders: dict[tuple[str, int], PartitionLeader] = {}
+        self._pool = HandlePool(config.open_files_max)
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetstream-io")
+        self._stop = asyncio.Event()
+        self._reconcile_lock = asyncio.Lock()
+        self._http: Any = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Start, then run until `stop()` or SIGTERM/SIGINT."""
+        await self.start()
+        await self.run_until_stopped()
+
+    async def run_until_stopped(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._stop.set)
+        try:
+            await self._stop.wait()
+        finally:
+            await self.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        urls = self.config.nats_urls
+        if not urls:
+            self._nats_server = NatsServer(self.data_dir / "nats", name="embedded-nats",
+                                           port=self.config.nats_port)
+            (self.data_dir / "nats").mkdir(exist_ok=True)
+            await self._nats_server.astart()
+            urls = [self._nats_server.url]
+        self.nats_url = ",".join(urls)
+        self._nc = await nats.connect(
+            servers=urls, name=f"jetstream-broker-{self.config.broker_id}",
+            max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+            pending_size=64 * 1024 * 1024, flusher_queue_size=16384)
+        self._metadata = LocalMetadata(self.data_dir / "meta")
+        await self.socket_api.start()
+        if self.config.http_port >= 0:
+            from jetstream.server.http_api import HttpServer
+
+            self._http = HttpServer(self)
+            self.http_port = await self._http.start()
+        me = BrokerInfo(self.config.broker_id, self.config.host, self.socket_api.port,
+                        max(self.http_port, 0))
+        if self._metadata.state.brokers.get(me.id) != me:
+            await self._metadata.propose(RegisterBroker(me))
+        self._metadata.add_listener(self._on_metadata_change)
+        await self.reconcile()
+        write_atomic(self.data_dir / READY_FILE, json.dumps(self.describe_self()).encode())
+        log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
+
+    def describe_self(self) -> dict[str, Any]:
+        return {"broker_id": self.config.broker_id, "pid": os.getpid(), "host": self.config.host,
+                "port": self.socket_api.port, "http_port": self.http_port,
+                "nats_url": self.nats_url, "data_dir": str(self.data_dir)}
+
+    async def shutdown(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.data_dir / READY_FILE).unlink()
+        await self.socket_api.stop()
+        if self._http is not None:
+            await self._http.stop()
+        for key in list(self._leaders):
+            await self._stop_leader(key, delete=False)
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+        if self._nats_server is not None:
+            await self._nats_server.astop()
+        self._executor.shutdown(wait=True)
+
+    # -- metadata and roles -----------------------------------------------------------------
+
+    @property
+    def metadata(self) -> LocalMetadata:
+        assert self._metadata is not None, "broker not started"
+        return self._metadata
+
+    def _on_metadata_change(self, command: Command, result: Any) -> None:
+        task = asyncio.get_running_loop().create_task(self.reconcile())
+        task.add_done_callback(_log_failure)
+
+    async def reconcile(self) -> None:
+        """Start or stop partition roles to match the metadata (idempotent)."""
+        async with self._reconcile_lock:
+            state = self.metadata.state
+            me = self.config.broker_id
+            wanted = {key: p for key, p in state.partitions.items() if p.leader == me}
+            for key in list(self._leaders):
+                if key not in wanted:
+                    await self._stop_leader(key, delete=key[0] not in state.streams)
+            for key, partition in wanted.items():
+                if key not in self._leaders:
+                    await self._start_leader(state.streams[key[0]], partition)
+            self._delete_orphan_logs({f"{s}-{p}" for s, p in state.partitions})
+
+    def _log_dir(self, stream: str, partition: int) -> Path:
+        return self.data_dir / "logs" / f"{stream}-{partition}"
+
+    async def _start_leader(self, stream: StreamConfig, partition: PartitionState) -> None:
+        log_ = Log(self._log_dir(stream.name, partition.partition), stream.log_config(),
+                   pool=self._pool)
+        leader = PartitionLeader(stream, partition, log_, self._nc, self.config,
+                                 self._executor, PartitionMetrics())
+        leader.metrics.high_watermark = leader.high_watermark
+        await leader.start()
+        self._leaders[(stream.name, partition.partition)] = leader
+
+    async def _stop_leader(self, key: tuple[str, int], *, delete: bool) -> None:
+        leader = self._leaders.pop(key)
+        await leader.stop()
+        if delete:
+            leader.log.delete()
+        else:
+            leader.log.close()
+
+    def _delete_orphan_logs(self, kept: set[str]) -> None:
+        logs = self.data_dir / "logs"
+        if not logs.exists():
+            return
+        for path in logs.iterdir():
+            if path.is_dir() and path.name not in kept:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def leader_for(self, stream: str, partition: int) -> PartitionLeader:
+        leader = self._leaders.get((stream, partition))
+        if leader is not None:
+            return leader
+        state = self.metadata.state
+        if stream not in state.streams:
+            raise UnknownStream(stream)
+        if (stream, partition) not in state.partitions:
+            raise UnknownPartition(stream, partition)
+        p = state.partitions[(stream, partition)]
+        broker = state.brokers.get(p.leader)
+        raise NotLeader(stream, partition, p.leader, broker.address if broker else "")
+
+    # -- stream operations (both APIs) --------------------------------------------------------
+
+    async def create_stream(self, config: StreamConfig) -> bool:
+        """Create the stream; False when an identical one existed (idempotent)."""
+        result = await self.metadata.propose(CreateStream(config))
+        await self.reconcile()
+        return not result.existed
+
+    async def delete_stream(self, name: str) -> None:
+        await self.metadata.propose(DeleteStream(name))
+        await self.reconcile()
+
+    def describe_stream(self, name: str) -> dict[str, Any]:
+        state = self.metadata.state
+        config = state.streams.get(name)
+        if config is None:
+            raise UnknownStream(name)
+        partitions = []
+        for p in state.stream_partitions(name):
+            entry = {"partition": p.partition, "leader": p.leader, "leader_epoch": p.leader_epoch,
+                     "replicas": list(p.replicas), "isr": list(p.isr),
+                     "subject": config.partition_subject(p.partition)}
+            leader = self._leaders.get((name, p.partition))
+            if leader is not None:
+                entry.update(high_watermark=leader.high_watermark,
+                             log_start_offset=leader.log.log_start_offset,
+                             log_end_offset=leader.log.log_end_offset)
+            partitions.append(entry)
+        return {**config.to_dict(), "partitions": partitions}
+
+    def describe_streams(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        streams = self.metadata.state.streams
+        wanted = sorted(streams) if names is None else [n for n in names if n in streams]
+        return [self.describe_stream(n) for n in wanted]
+
+    def brokers(self) -> list[dict[str, Any]]:
+        return [{"id": b.id, "host": b.host, "port": b.port, "http_port": b.http_port,
+                 **({"nats_url": self.nats_url} if b.id == self.config.broker_id else {})}
+                for b in sorted(self.metadata.state.brokers.values(), key=lambda b: b.id)]
+
+    def render_metrics(self) -> str:
+        rows = [(s, p, leader.metrics, leader.log.log_end_offset)
+                for (s, p), leader in sorted(self._leaders.items())]
+        return render(rows, self.metrics)
+
+    # -- socket API requests ------------------------------------------------------------------
+
+    async def handle(self, request: m.Request) -> Any:
+        """Answer one socket API request: a Response, or (FetchResponse, FileSlice)."""
+        if isinstance(request, m.FetchRequest):
+            return await self._fetch(request)
+        if isinstance(request, m.MetadataRequest):
+            return m.MetadataResponse(self.brokers(), self.describe_streams(request.streams))
+        if isinstance(request, m.ListStreamsRequest):
+            return m.ListStreamsResponse(self.describe_streams())
+        if isinstance(request, m.CreateStreamRequest):
+            await self.create_stream(StreamConfig.from_dict(request.config))
+            return m.EmptyResponse()
+        if isinstance(request, m.DeleteStreamRequest):
+            await self.delete_stream(request.name)
+            return m.EmptyResponse()
+        if isinstance(request, m.OffsetForTimestampRequest):
+            leader = self.leader_for(request.stream, request.partition)
+            if request.timestamp_ms == m.EARLIEST_TIMESTAMP:
+                return m.OffsetForTimestampResponse(leader.log.log_start_offset)
+            if request.timestamp_ms == m.LATEST_TIMESTAMP:
+                return m.OffsetForTimestampResponse(leader.high_watermark)
+            offset = leader.log.offset_for_timestamp(request.timestamp_ms)
+            return m.OffsetForTimestampResponse(min(offset, leader.high_watermark))
+        if isinstance(request, m.EndOffsetForEpochRequest):
+            leader = self.leader_for(request.stream, request.partition)
+            answer = leader.log.end_offset_for_epoch(request.leader_epoch)
+            return m.EndOffsetForEpochResponse(answer.epoch, answer.end_offset)
+        raise ProtocolError(f"{type(request).__name__} is not served by this broker version",
+                            field="op")
+
+    async def _fetch(self, request: m.FetchRequest) -> tuple[m.FetchResponse, Any]:
+        if request.isolation != "committed" and request.replica_id < 0:
+            # Consumers never see uncommitted records (they could be truncated later).
+            raise ProtocolError("only replicas may read uncommitted records",
+                                field="isolation")
+        leader = self.leader_for(request.stream, request.partition)
+        max_bytes = min(request.max_bytes, self.config.fetch_bytes_max)
+        wait_ms = min(request.max_wait_ms, self.config.fetch_wait_ms_max)
+        piece = await leader.read(request.offset, max_bytes, wait_ms,
+                                  committed=request.isolation == "committed")
+        leader.metrics.fetched_bytes += piece.length
+        response = m.FetchResponse(
+            request.stream, request.partition, leader.high_watermark,
+            leader.log.log_start_offset, leader.log.log_end_offset, piece.next_offset,
+            leader.state.leader_epoch)
+        return response, piece
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("reconcile failed", exc_info=task.exception())
+

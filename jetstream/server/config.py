@@ -1,0 +1,138 @@
+"""Every setting of a broker, with its default and its unit, in one place.
+
+A setting comes from, in rising precedence: its default here, a TOML config file
+(`jetstream server --config FILE`; keys are the field names), `JETSTREAM_<FIELD>` environment
+variables, then command-line flags (`--field-name`). Values are checked once, here.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from jetstream.errors import InvalidConfig
+from jetstream.stream.config import MiB
+
+ENV_PREFIX = "JETSTREAM_"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    #: Unique id of this broker in its cluster.
+    broker_id: int = 0
+    #: Where partitions, metadata and checkpoints live.
+    data_dir: str = "./jetstream-data"
+    #: Address of the socket API (and of the HTTP API). Loopback unless you mean otherwise.
+    host: str = "127.0.0.1"
+    #: Socket API port; 0 picks a free one (printed at start).
+    port: int = 0
+    #: HTTP API port; 0 picks a free one, -1 turns the HTTP API off.
+    http_port: int = 0
+    #: NATS server URLs, comma-separated. Empty: start an embedded nats-server on loopback.
+    nats_url: str = ""
+    #: Client port of the embedded nats-server; 0 picks a free one.
+    nats_port: int = 0
+    #: Most client connections the socket API accepts at once.
+    connections_max: int = 1024
+    #: Largest request frame a client may send.
+    request_bytes_max: int = 1 * MiB
+    #: Cap on a Fetch's max_bytes and max_wait_ms.
+    fetch_bytes_max: int = 16 * MiB
+    fetch_wait_ms_max: int = 60_000
+    #: Requests one connection may have in flight (pipelined) before the broker stops reading.
+    connection_requests_max: int = 256
+    #: Messages one partition's NATS subscription may buffer before NATS drops (slow consumer).
+    ingest_pending_msgs_max: int = 512 * 1024
+    ingest_pending_bytes_max: int = 256 * MiB
+    #: Most messages and bytes appended as one batch.
+    ingest_batch_records_max: int = 16_384
+    ingest_batch_bytes_max: int = 8 * MiB
+    #: Appended batches waiting for fsync/commit before ingest pauses.
+    ingest_inflight_batches_max: int = 64
+    #: How often retention runs and the high watermark is checkpointed.
+    retention_check_ms: int = 30_000
+    checkpoint_interval_ms: int = 5_000
+    #: Most descriptors of segment files held open by this broker.
+    open_files_max: int = 1024
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidConfig(f"{f.name} must be an integer, got {value!r}", field=f.name)
+            if f.type == "str" and not isinstance(value, str):
+                raise InvalidConfig(f"{f.name} must be a string, got {value!r}", field=f.name)
+        _range(self, "broker_id", 0, 2**31 - 1)
+        _range(self, "port", 0, 65535)
+        _range(self, "http_port", -1, 65535)
+        _range(self, "nats_port", 0, 65535)
+        _range(self, "connections_max", 1, 1_000_000)
+        _range(self, "request_bytes_max", 4096, 64 * MiB)
+        _range(self, "fetch_bytes_max", 1024, 256 * MiB)
+        _range(self, "fetch_wait_ms_max", 0, 3_600_000)
+        _range(self, "connection_requests_max", 1, 65536)
+        _range(self, "ingest_pending_msgs_max", 1, 100_000_000)
+        _range(self, "ingest_pending_bytes_max", 1024, 64 * 1024 * MiB)
+        _range(self, "ingest_batch_records_max", 1, 1_000_000)
+        _range(self, "ingest_batch_bytes_max", 1024, 512 * MiB)
+        _range(self, "ingest_inflight_batches_max", 1, 100_000)
+        _range(self, "retention_check_ms", 10, 86_400_000)
+        _range(self, "checkpoint_interval_ms", 10, 86_400_000)
+        _range(self, "open_files_max", 16, 1_000_000)
+        if not self.data_dir:
+            raise InvalidConfig("data_dir must not be empty", field="data_dir")
+
+    @property
+    def nats_urls(self) -> list[str]:
+        return [u.strip() for u in self.nats_url.split(",") if u.strip()]
+
+    @classmethod
+    def load(cls, file: str | Path | None = None, env: Mapping[str, str] | None = None,
+             overrides: Mapping[str, Any] | None = None) -> BrokerConfig:
+        """Defaults < file < environment < overrides (flags). Unknown keys are errors."""
+        values: dict[str, Any] = {}
+        if file is not None:
+            try:
+                with open(file, "rb") as f:
+                    values.update(_known(tomllib.load(f), f"config file {file}"))
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise InvalidConfig(f"cannot read config file {file}: {exc}",
+                                    field="config") from None
+        types = {f.name: f.type for f in fields(cls)}
+        for key, raw in (os.environ if env is None else env).items():
+            if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "BROKERS":
+                continue
+            name = key[len(ENV_PREFIX):].lower()
+            if name not in types:
+                continue  # other tools share the prefix (JETSTREAM_BROKERS for the CLI)
+            values[name] = _parse_env(name, raw, types[name])
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls(**_known(values, "settings"))
+
+
+def _known(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    names = {f.name for f in fields(BrokerConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise InvalidConfig(f"unknown keys in {where}: {unknown}", field=unknown[0])
+    return dict(values)
+
+
+def _parse_env(name: str, raw: str, type_name: Any) -> Any:
+    if type_name == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise InvalidConfig(f"{ENV_PREFIX}{name.upper()} must be an integer, got {raw!r}",
+                                field=name) from None
+    return raw
+
+
+def _range(config: BrokerConfig, name: str, low: int, high: int) -> None:
+    value = getattr(config, name)
+    if not low <= value <= high:
+        raise InvalidConfig(f"{name} must be in [{low}, {high}], got {value}", field=name)

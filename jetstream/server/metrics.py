@@ -1,0 +1,69 @@
+"""Counters of a broker, rendered in the Prometheus text format for `GET /metrics`.
+
+Each partition this broker leads has one `PartitionMetrics`; the broker adds its own
+connection and request counters. Counters only grow; gauges (HW, LEO, lag) are read live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+
+@dataclass(slots=True)
+class PartitionMetrics:
+    appended_records: int = 0
+    appended_bytes: int = 0
+    fetched_records: int = 0
+    fetched_bytes: int = 0
+    acked: int = 0
+    errors: int = 0
+    high_watermark: int = 0
+
+
+_HELP = {
+    "appended_records": ("counter", "Records appended to the partition's log."),
+    "appended_bytes": ("counter", "Bytes of record batches appended."),
+    "fetched_records": ("counter", "Records served to fetches (upper bound: whole batches)."),
+    "fetched_bytes": ("counter", "Bytes of record batches served to fetches."),
+    "acked": ("counter", "Publish acks sent."),
+    "errors": ("counter", "Messages refused (too large, append failures)."),
+    "high_watermark": ("gauge", "Offset below which records are committed."),
+}
+
+
+@dataclass(slots=True)
+class BrokerMetrics:
+    connections_total: int = 0
+    connections_open: int = 0
+    requests_total: int = 0
+    request_errors_total: int = 0
+
+
+def render(partitions: Iterable[tuple[str, int, PartitionMetrics, int]],
+           broker: BrokerMetrics) -> str:
+    """Prometheus text: (stream, partition, metrics, log end offset) per led partition."""
+    rows = list(partitions)
+    lines: list[str] = []
+    for f in fields(PartitionMetrics):
+        kind, text = _HELP[f.name]
+        name = f"jetstream_partition_{f.name}" + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        for stream, partition, metrics, _leo in rows:
+            lines.append(f'{name}{{stream="{stream}",partition="{partition}"}} '
+                         f"{getattr(metrics, f.name)}")
+    lines += ["# HELP jetstream_partition_log_end_offset Next offset to be written.",
+              "# TYPE jetstream_partition_log_end_offset gauge"]
+    for stream, partition, _metrics, leo in rows:
+        lines.append(f'jetstream_partition_log_end_offset{{stream="{stream}",'
+                     f'partition="{partition}"}} {leo}')
+    lines += ["# HELP jetstream_partition_uncommitted_records Records appended but not yet "
+              "committed (LEO - HW).", "# TYPE jetstream_partition_uncommitted_records gauge"]
+    for stream, partition, metrics, leo in rows:
+        lines.append(f'jetstream_partition_uncommitted_records{{stream="{stream}",'
+                     f'partition="{partition}"}} {leo - metrics.high_watermark}')
+    for f in fields(BrokerMetrics):
+        kind = "gauge" if f.name.endswith("_open") else "counter"
+        lines += [f"# TYPE jetstream_broker_{f.name} {kind}",
+                  f"jetstream_broker_{f.name} {getattr(broker, f.name)}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,231 @@
+"""The broker's socket API: one TCP port, framed requests pipelined by correlation id.
+
+Theory of operation: each connection has one reader task and one writer task. The reader
+decodes frames (jetstream.protocol.frames) and runs each request as its own task, at most
+`connection_requests_max` at once per connection, so a long-polling Fetch does not hold up
+the requests behind it; answers may come back out of order and carry their request's
+correlation id. The writer sends answers in the order they are ready; a Fetch answer is its
+prefix and header followed by record batches sent straight from the segment file with
+`loop.sendfile` (zero copy on the default event loop).
+
+The first frame must be HELLO with a version this broker speaks. A malformed frame gets an
+error frame and the connection is closed (the byte stream cannot be resynchronised); a bad
+request inside a well-formed frame gets an error frame and the connection carries on. No
+input can raise out of a connection handler: every failure is answered or logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from jetstream.errors import JetstreamError, ProtocolError
+from jetstream.protocol import frames
+from jetstream.protocol import messages as m
+from jetstream.stream.log import FileSlice
+
+if TYPE_CHECKING:
+    from jetstream.server.broker import Broker
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK_BYTES = 256 * 1024
+HELLO_TIMEOUT_S = 10.0
+
+
+@dataclass(slots=True)
+class Answer:
+    data: bytes
+    piece: FileSlice | None = None
+    close_after: bool = False
+
+
+class SocketApi:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._config = broker.config
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._on_connection, self._config.host, self._config.port,
+            limit=READ_CHUNK_BYTES, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        for task in list(self._connections):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _on_connection(self, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        metrics = self._broker.metrics
+        if len(self._connections) >= self._config.connections_max:
+            writer.write(m.encode_error(0, frames.Op.HELLO, JetstreamError(
+                f"too many connections (limit {self._config.connections_max})")))
+            with contextlib.suppress(Exception):
+                await writer.drain()
+            writer.close()
+            return
+        self._connections.add(task)
+        metrics.connections_total += 1
+        metrics.connections_open += 1
+        try:
+            await Connection(self._broker, reader, writer).run()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            log.exception("connection handler failed")
+        finally:
+            metrics.connections_open -= 1
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+class Connection:
+    def __init__(self, broker: Broker, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self._broker = broker
+        self._config = broker.config
+        self._reader = reader
+        self._writer = writer
+        self._decoder = frames.FrameDecoder(frame_bytes_max=self._config.request_bytes_max)
+        self._answers: asyncio.Queue[Answer | None] = asyncio.Queue()
+        self._slots = asyncio.Semaphore(self._config.connection_requests_max)
+        self._requests: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        writer_task = asyncio.create_task(self._write_loop())
+        try:
+            if await asyncio.wait_for(self._hello(), HELLO_TIMEOUT_S):
+                await self._read_loop()
+        except TimeoutError:
+            pass
+        finally:
+            for task in list(self._requests):
+                task.cancel()
+            await self._answers.put(None)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await writer_task
+            while not self._answers.empty():  # answers the writer never sent
+                answer = self._answers.get_nowait()
+                if answer is not None and answer.piece is not None:
+                    answer.piece.close()
+
+    async def _next_frame(self) -> frames.Frame | None:
+        while True:
+            frame = self._decoder.next_frame()
+            if frame is not None:
+                return frame
+            data = await self._reader.read(READ_CHUNK_BYTES)
+            if not data:
+                return None
+            self._decoder.feed(data)
+
+    async def _hello(self) -> bool:
+        try:
+            frame = await self._next_frame()
+            if frame is None:
+                return False
+            if frame.kind != frames.Kind.REQUEST or frame.op != frames.Op.HELLO:
+                raise ProtocolError("the first frame must be a HELLO request", field="op")
+            frames.parse_hello_request(frame.header)
+        except JetstreamError as exc:
+            cid = frame.correlation_id if "frame" in locals() and frame else 0
+            await self._answers.put(Answer(m.encode_error(cid, frames.Op.HELLO, exc),
+                                           close_after=True))
+            return False
+        reply = frames.hello_response(self._config.broker_id, self._config.request_bytes_max)
+        await self._answers.put(Answer(frames.encode_frame(
+            frame.correlation_id, frames.Kind.RESPONSE, frames.Op.HELLO, reply)))
+        return True
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                frame = await self._next_frame()
+            except JetstreamError as exc:  # FrameError: the stream is lost; say why, close
+                await self._answers.put(Answer(m.encode_error(0, 0, exc), close_after=True))
+                return
+            if frame is None:
+                return
+            await self._slots.acquire()
+            task = asyncio.create_task(self._serve(frame))
+            self._requests.add(task)
+            task.add_done_callback(self._requests.discard)
+
+    async def _serve(self, frame: frames.Frame) -> None:
+        metrics = self._broker.metrics
+        metrics.requests_total += 1
+        try:
+            request = m.decode_request(frame)
+            # Encoding is inside the try: an answer too large for a frame header (Metadata of
+            # hundreds of streams) must become an error frame, not a request left unanswered.
+            answer = self._encode(frame, await self._broker.handle(request))
+        except JetstreamError as exc:
+            metrics.request_errors_total += 1
+            answer = Answer(m.encode_error(frame.correlation_id, frame.op, exc))
+        except Exception as exc:
+            log.exception("request %s failed", frame.op)
+            metrics.request_errors_total += 1
+            answer = Answer(m.encode_error(frame.correlation_id, frame.op,
+                                           JetstreamError(f"internal error: {exc}")))
+        finally:
+            self._slots.release()
+        await self._answers.put(answer)
+
+    @staticmethod
+    def _encode(frame: frames.Frame, result: Any) -> Answer:
+        if isinstance(result, tuple):  # (FetchResponse, FileSlice)
+            response, piece = result
+            data = m.encode_response(frame.correlation_id, frames.Op(frame.op), response,
+                                     piece.length)
+            return Answer(data, piece if piece.length else None)
+        return Answer(m.encode_response(frame.correlation_id, frames.Op(frame.op), result))
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        writer = self._writer
+        while True:
+            answer = await self._answers.get()
+            if answer is None:
+                return
+            try:
+                writer.write(answer.data)
+                if answer.piece is not None:
+                    await writer.drain()
+                    with open(answer.piece.fd, "rb", buffering=0, closefd=False) as f:
+                        sent = await loop.sendfile(writer.transport, f, answer.piece.position,
+                                                   answer.piece.length)
+                    if sent != answer.piece.length:
+                        # The segment shrank under us (truncation): the frame is broken.
+                        writer.close()
+                        return
+                elif self._answers.empty():
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                return
+            finally:
+                if answer.piece is not None:
+                    answer.piece.close()
+            if answer.close_after:
+                with contextlib.suppress(Exception):
+                    await writer.drain()
+                writer.close()
+                return

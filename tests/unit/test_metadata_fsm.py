@@ -1,0 +1,134 @@
+"""The metadata state machine: commands, compare-and-set on epochs, placement, persistence."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from jetstream.errors import (
+    InvalidStreamConfig,
+    NotEnoughReplicas,
+    StreamExists,
+    UnknownPartition,
+    UnknownStream,
+)
+from jetstream.raft_meta.fsm import (
+    ChangeIsr,
+    ChangeLeader,
+    CreateStream,
+    DeleteStream,
+    MetadataState,
+    RegisterBroker,
+    StaleMetadataEpoch,
+)
+from jetstream.raft_meta.model import BrokerInfo, StreamConfig
+
+
+def cluster(n: int) -> MetadataState:
+    state = MetadataState()
+    for i in range(n):
+        state.apply(RegisterBroker(BrokerInfo(i, "127.0.0.1", 7000 + i)))
+    return state
+
+
+def test_create_is_idempotent_for_the_same_config_and_refuses_another() -> None:
+    state = cluster(1)
+    config = StreamConfig("orders", "orders.*")
+    first = state.apply(CreateStream(config))
+    again = state.apply(CreateStream(StreamConfig("orders", "orders.*")))
+    assert not first.existed and again.existed
+    assert again.partitions == first.partitions
+    with pytest.raises(StreamExists) as exc:
+        state.apply(CreateStream(StreamConfig("orders", "orders.>")))
+    assert exc.value.code == "STREAM_EXISTS"
+    assert state.streams["orders"] == config
+
+
+def test_replication_factor_above_the_broker_count_is_refused() -> None:
+    state = cluster(2)
+    with pytest.raises(NotEnoughReplicas) as exc:
+        state.apply(CreateStream(StreamConfig("s", "s", replication_factor=3, min_isr=2)))
+    assert (exc.value.needed, exc.value.available) == (3, 2)
+    assert "s" not in state.streams and not state.partitions
+
+
+def test_delete_removes_partitions_and_unknown_streams_are_errors() -> None:
+    state = cluster(1)
+    state.apply(CreateStream(StreamConfig("s", "s", partitions=3)))
+    assert len(state.stream_partitions("s")) == 3
+    state.apply(DeleteStream("s"))
+    assert not state.partitions
+    with pytest.raises(UnknownStream):
+        state.apply(DeleteStream("s"))
+    with pytest.raises(UnknownStream):
+        state.partition("s", 0)
+
+
+def test_leader_and_isr_changes_are_compare_and_set_on_the_epoch() -> None:
+    state = cluster(3)
+    created = state.apply(CreateStream(StreamConfig("s", "s", replication_factor=3,
+                                                    min_isr=2)))
+    p = created.partitions[0]
+    other = next(b for b in p.replicas if b != p.leader)
+    moved = state.apply(ChangeLeader("s", 0, expected_epoch=0, leader=other))
+    assert (moved.leader, moved.leader_epoch) == (other, 1)
+    with pytest.raises(StaleMetadataEpoch) as exc:
+        state.apply(ChangeLeader("s", 0, expected_epoch=0, leader=p.leader))
+    assert exc.value.current_epoch == 1
+    shrunk = state.apply(ChangeIsr("s", 0, expected_epoch=1, isr=(other,)))
+    assert shrunk.isr == (other,) and shrunk.leader_epoch == 1
+    # The leader stays in its ISR, and a leader comes only from the ISR.
+    with pytest.raises(InvalidStreamConfig):
+        state.apply(ChangeIsr("s", 0, expected_epoch=1, isr=tuple(b for b in p.replicas
+                                                                  if b != other)))
+    with pytest.raises(InvalidStreamConfig):
+        state.apply(ChangeLeader("s", 0, expected_epoch=1, leader=p.leader))
+    with pytest.raises(UnknownPartition):
+        state.apply(ChangeIsr("s", 5, expected_epoch=0, isr=(0,)))
+
+
+def test_placement_spreads_replicas_and_leaders_evenly() -> None:
+    state = cluster(3)
+    for i in range(4):
+        state.apply(CreateStream(StreamConfig(f"s{i}", f"s{i}", partitions=3,
+                                              replication_factor=2)))
+    replicas = Counter(r for p in state.partitions.values() for r in p.replicas)
+    leaders = Counter(p.leader for p in state.partitions.values())
+    assert max(replicas.values()) - min(replicas.values()) <= 1
+    assert max(leaders.values()) - min(leaders.values()) <= 1
+    for p in state.partitions.values():
+        assert p.leader == p.replicas[0] and len(set(p.replicas)) == 2
+
+
+def test_state_round_trips_through_json() -> None:
+    state = cluster(3)
+    state.apply(CreateStream(StreamConfig("s", "s.*", partitions=2, replication_factor=3,
+                                          min_isr=2, labels={"app": "shop"}, group="g")))
+    data = json.loads(json.dumps(state.to_dict()))
+    again = MetadataState.from_dict(data)
+    assert again.to_dict() == state.to_dict()
+    assert again.streams["s"] == state.streams["s"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"name": "bad name", "subject": "x"}, "name"),
+        ({"name": "s", "subject": "a..b"}, "subject"),
+        ({"name": "s", "subject": "a.>", "partitions": 2}, "subject"),
+        ({"name": "s", "subject": "a", "partitions": 0}, "partitions"),
+        ({"name": "s", "subject": "a", "replication_factor": 2, "min_isr": 3}, "min_isr"),
+        ({"name": "s", "subject": "a", "ack_policy": "sometimes"}, "ack_policy"),
+        ({"name": "s", "subject": "a", "fsync": "rarely"}, "fsync"),
+        ({"name": "s", "subject": "a", "retention_ms": 0}, "retention_ms"),
+        ({"name": "s", "subject": "a", "labels": {"bad key!": "v"}}, "labels"),
+        ({"name": "s", "subject": "a", "colour": "red"}, "colour"),
+        ({"subject": "a"}, "name"),
+    ],
+)
+def test_invalid_stream_configs_name_the_field(fields: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidStreamConfig) as exc:
+        StreamConfig.from_dict(fields)
+    assert exc.value.fields["field"] == field
