@@ -69,8 +69,10 @@ MiB = 1024 * KiB
 RESPONSE_FRAME_BYTES_MAX = 64 * MiB + 64 * KiB
 #: Largest frame a broker accepts: requests carry no bulk data.
 REQUEST_FRAME_BYTES_MAX = 1 * MiB
-#: Largest msgpack header.
+#: Largest msgpack header of a request, and of a response: responses describe every stream
+#: (METADATA, LIST_STREAMS; ~250 bytes a stream, up to 10,000 streams).
 HEADER_BYTES_MAX = 64 * KiB
+RESPONSE_HEADER_BYTES_MAX = 8 * MiB
 #: Longest client_id in HELLO.
 CLIENT_ID_CHARS_MAX = 256
 # The decoder drops consumed bytes from its buffer once this many have piled up (and they are
@@ -208,8 +210,8 @@ class FrameDecoder:
     """Incremental frame decoder: `feed(data)` then `next_frame()` (or iterate) until None.
 
     `frame_bytes_max` bounds the length field (clients keep the default; brokers pass
-    REQUEST_FRAME_BYTES_MAX), `header_bytes_max` the header. After a FrameError every call
-    raises it again."""
+    REQUEST_FRAME_BYTES_MAX), `header_bytes_max` the header (clients pass
+    RESPONSE_HEADER_BYTES_MAX). After a FrameError every call raises it again."""
 
     def __init__(self, frame_bytes_max: int = RESPONSE_FRAME_BYTES_MAX,
                  header_bytes_max: int = HEADER_BYTES_MAX) -> None:

@@ -47,6 +47,7 @@ from jetstream.errors import JetstreamError, ProtocolError, RemoteError
 from jetstream.protocol import names
 from jetstream.protocol.frames import (
     I32_MAX,
+    RESPONSE_HEADER_BYTES_MAX,
     U32_MAX,
     Frame,
     Kind,
@@ -452,7 +453,8 @@ def encode_request(correlation_id: int, request: Request) -> bytes:
 def encode_response(correlation_id: int, op: Op, response: Response,
                     payload_length: int = 0) -> bytes:
     """The prefix and header of a response; the caller sends `payload_length` bytes after."""
-    return encode_frame(correlation_id, Kind.RESPONSE, op, response.to_header(), payload_length)
+    return encode_frame(correlation_id, Kind.RESPONSE, op, response.to_header(), payload_length,
+                        header_bytes_max=RESPONSE_HEADER_BYTES_MAX)
 
 
 def encode_error(correlation_id: int, op: int, exc: JetstreamError) -> bytes:

@@ -1,0 +1,232 @@
+"""Publishing through NATS and matching the acks that come back.
+
+Theory of operation: a publisher sends through plain NATS, so acks come back through NATS
+too. The client makes one inbox prefix (`_INBOX.<nuid>`) and one subscription on
+`<prefix>.*`. Each message gets a correlation id (a decimal counter, one token) and goes out
+in an envelope (jetstream.protocol.envelope) whose `ack_inbox` is `<prefix>.<id>`; the same
+subject is the NATS reply subject, so when no subscriber at all reads the subject, the NATS
+server answers at once with a "503 no responders" status message on it, and the publish fails
+with NoStreamForSubject instead of waiting out its timeout. Acks (jetstream.protocol.ack)
+carry the correlation id; a dict maps it to the waiter: a future for `publish`, a slot of a
+batch for `publish_batch`. An error ack fails its waiter with the error it carries. When
+several streams read one subject each acks the message; the first ack settles the waiter and
+later ones find nothing and are dropped.
+
+`publish_batch` keeps up to `window` messages un-acked. Its envelopes share one ack inbox
+(`<prefix>.b<n>`) and ask for `batch_ack`, so the broker acks each append batch with one
+NATS message instead of one per record; each message's reply subject stays `<prefix>.<id>`
+for the no-responders signal. nats-py's publish only appends to its pending buffer (its
+flusher task writes), so the loop never flushes per message; it yields to the event loop only
+when the window is full (or nats-py's flusher queue is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.errors import MaxPayloadError
+
+from jetstream.errors import (
+    AckTimeout,
+    BrokerUnavailable,
+    JetstreamError,
+    NoStreamForSubject,
+    ProtocolError,
+    RecordTooLarge,
+)
+from jetstream.protocol.ack import Ack, ErrorAck, parse_ack
+from jetstream.protocol.envelope import AckPolicy, encode_envelope
+
+log = logging.getLogger(__name__)
+
+#: Acks and status messages the inbox subscription may buffer before nats-py drops them.
+INBOX_PENDING_MSGS_MAX = 1_000_000
+INBOX_PENDING_BYTES_MAX = 256 * 1024 * 1024
+_NO_RESPONDERS = "503"
+#: publish_batch yields to the event loop after this many messages, so nats-py's flusher
+#: sends them (and the broker starts on them) while the next ones are encoded.
+YIELD_EVERY = 64
+
+#: One item of a batch: subject, value, key, headers.
+BatchItem = tuple[str, bytes, bytes | None, Mapping[str, bytes] | None]
+
+
+@dataclass(slots=True)
+class _Batch:
+    """The acks of one `publish_batch` call, in publish order."""
+
+    subjects: list[str] = field(default_factory=list)
+    acks: list[Ack | None] = field(default_factory=list)
+    outstanding: int = 0
+    error: JetstreamError | None = None
+    error_index: int = -1
+    #: Wake the publishing loop when `outstanding` drops to this (or on an error).
+    wake_at: int = -1
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def settle(self, index: int, ack: Ack | None, error: JetstreamError | None) -> None:
+        # Called once per message: its waiter is removed from the dict first.
+        self.outstanding -= 1
+        if error is not None:
+            if self.error is None:
+                self.error, self.error_index = error, index
+            self.wake.set()
+            return
+        self.acks[index] = ack
+        if self.outstanding <= self.wake_at:
+            self.wake.set()
+
+
+_Waiter = asyncio.Future[Ack] | tuple[_Batch, int]
+
+
+class Publisher:
+    """The NATS half of a client: publishes envelopes and resolves their acks."""
+
+    def __init__(self, nc: Any) -> None:
+        self._nc = nc
+        self.inbox_prefix: str = nc.new_inbox()
+        self._ids = itertools.count(1)
+        self._batch_ids = itertools.count(1)
+        self._waiters: dict[str, _Waiter] = {}
+        self._sub: Any = None
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(
+            self.inbox_prefix + ".*", cb=self._on_message,
+            pending_msgs_limit=INBOX_PENDING_MSGS_MAX,
+            pending_bytes_limit=INBOX_PENDING_BYTES_MAX)
+
+    async def close(self) -> None:
+        """Fail what still waits for an ack, and close the NATS connection."""
+        waiters, self._waiters = self._waiters, {}
+        closed = BrokerUnavailable(self._nats_address(), "the client was closed")
+        for waiter in waiters.values():
+            _settle(waiter, None, closed)
+        try:
+            await self._nc.drain()
+        except Exception:  # already closed or disconnected: nothing left to flush
+            await self._nc.close()
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    async def publish(self, subject: str, value: bytes, key: bytes | None,
+                      headers: Mapping[str, bytes] | None, ack_policy: AckPolicy | str | None,
+                      timeout_s: float) -> Ack:
+        correlation_id = str(next(self._ids))
+        inbox = f"{self.inbox_prefix}.{correlation_id}"
+        payload = encode_envelope(value, key, headers, inbox, correlation_id, ack_policy)
+        future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        self._waiters[correlation_id] = future
+        try:
+            await self._send(subject, payload, inbox)
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise AckTimeout(subject, round(timeout_s * 1000), correlation_id) from None
+        finally:
+            self._waiters.pop(correlation_id, None)
+
+    async def publish_batch(self, items: Iterable[BatchItem], ack_policy: AckPolicy | str | None,
+                            window: int, timeout_s: float) -> list[Ack]:
+        if window < 1:
+            raise ProtocolError(f"window must be at least 1, got {window}", field="window")
+        batch = _Batch()
+        inbox = f"{self.inbox_prefix}.b{next(self._batch_ids)}"
+        ids: list[str] = []
+        try:
+            for subject, value, key, headers in items:
+                if batch.outstanding >= window:
+                    await self._wait(batch, window - 1, timeout_s)
+                if batch.error is not None:
+                    break
+                correlation_id = str(next(self._ids))
+                payload = encode_envelope(value, key, headers, inbox, correlation_id,
+                                          ack_policy, batch_ack=True)
+                self._waiters[correlation_id] = (batch, len(batch.acks))
+                ids.append(correlation_id)
+                batch.subjects.append(subject)
+                batch.acks.append(None)
+                batch.outstanding += 1
+                await self._send(subject, payload, f"{self.inbox_prefix}.{correlation_id}")
+                if len(ids) % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # let nats-py's flusher write what is queued
+            await self._wait(batch, 0, timeout_s)
+        finally:
+            for correlation_id in ids:
+                self._waiters.pop(correlation_id, None)
+        if batch.error is not None:
+            batch.error.add_note(f"message {batch.error_index} of the batch, on subject "
+                                 f"{batch.subjects[batch.error_index]!r}")
+            raise batch.error
+        return batch.acks  # type: ignore[return-value]  # every slot is set when none failed
+
+    async def _wait(self, batch: _Batch, outstanding: int, timeout_s: float) -> None:
+        """Until at most `outstanding` messages of the batch wait for acks, or one failed.
+        Raises AckTimeout when no ack comes for `timeout_s`."""
+        while batch.outstanding > outstanding and batch.error is None:
+            batch.wake.clear()
+            batch.wake_at = outstanding
+            before = batch.outstanding
+            try:
+                await asyncio.wait_for(batch.wake.wait(), timeout_s)
+            except TimeoutError:
+                if batch.outstanding < before or batch.error is not None:
+                    continue  # progress came with the timeout
+                index = batch.acks.index(None)
+                raise AckTimeout(batch.subjects[index], round(timeout_s * 1000)) from None
+
+    async def _send(self, subject: str, payload: bytes, reply: str) -> None:
+        try:
+            await self._nc.publish(subject, payload, reply=reply)
+        except MaxPayloadError:
+            raise RecordTooLarge(len(payload), self._nc.max_payload) from None
+
+    # -- acks ---------------------------------------------------------------------------------
+
+    async def _on_message(self, msg: Any) -> None:
+        data = msg.data
+        if not data:
+            if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+                subject = msg.headers.get("Nats-Subject") or "?"
+                self._settle(msg.subject.rpartition(".")[2], None, NoStreamForSubject(subject))
+            return
+        try:
+            result = parse_ack(data)
+        except ProtocolError as exc:
+            log.warning("dropped a malformed ack on %s: %s", msg.subject, exc)
+            return
+        if isinstance(result, ErrorAck):
+            if result.correlation_id is not None:
+                self._settle(result.correlation_id, None, result.error)
+            return
+        waiters = self._waiters
+        for ack in result:
+            waiter = waiters.pop(ack.correlation_id, None) if ack.correlation_id else None
+            if waiter is not None:
+                _settle(waiter, ack, None)
+
+    def _settle(self, correlation_id: str, ack: Ack | None,
+                error: JetstreamError | None) -> None:
+        waiter = self._waiters.pop(correlation_id, None)
+        if waiter is not None:
+            _settle(waiter, ack, error)
+
+    def _nats_address(self) -> str:
+        url = getattr(self._nc, "connected_url", None)
+        return url.netloc if url is not None else "nats"
+
+
+def _settle(waiter: _Waiter, ack: Ack | None, error: JetstreamError | None) -> None:
+    if isinstance(waiter, tuple):
+        batch, index = waiter
+        batch.settle(index, ack, error)
+    elif not waiter.done():
+        if error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(ack)  # type: ignore[arg-type]

@@ -1,0 +1,154 @@
+"""A blocking facade over the asyncio client, for scripts and notebooks.
+
+    from jetstream.client import sync
+
+    with sync.connect("127.0.0.1:4300") as js:
+        js.create_stream("orders", "orders.*")
+        js.publish("orders.new", b"hello")
+        for message in js.subscribe("orders", stop="latest"):
+            print(message.offset, message.value)
+
+Theory of operation: a `SyncClient` runs its own event loop in a daemon thread and owns an
+asyncio `Client` that lives on that loop. Each method hands the matching coroutine to the
+loop (`run_coroutine_threadsafe`) and blocks the calling thread until it is done, so
+results, errors and timeouts are the async client's. A subscription becomes a plain
+iterator that asks the loop for one batch at a time (Subscription.next_batch), so the
+thread hop costs once per batch, not per message. `close()` closes the client, stops the
+loop and joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from jetstream.client.client import Client
+from jetstream.client.client import connect as connect_async
+from jetstream.client.subscription import Subscription
+from jetstream.client.types import BrokerInfo, Message
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+CLOSE_TIMEOUT_S = 10.0
+
+
+def _blocking(method: Callable[Concatenate[Client, _P], Awaitable[_T]]
+              ) -> Callable[Concatenate[SyncClient, _P], _T]:
+    """A SyncClient method that runs the Client coroutine `method` on the client's loop."""
+
+    def call(self: SyncClient, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        async def run() -> _T:
+            return await method(self._client, *args, **kwargs)
+
+        return self._run(run())
+
+    functools.update_wrapper(call, method)  # name, docstring and signature of the original
+    return call
+
+
+class SyncSubscription:
+    """A blocking iterator of Messages over a Subscription (see Client.subscribe)."""
+
+    def __init__(self, owner: SyncClient, subscription: Subscription) -> None:
+        self._owner = owner
+        self._subscription = subscription
+        self._buffer: collections.deque[Message] = collections.deque()
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        while not self._buffer:
+            batch = self._owner._run(self._subscription.next_batch())
+            if batch is None:
+                raise StopIteration
+            self._buffer.extend(batch)
+        return self._buffer.popleft()
+
+    @property
+    def position(self) -> int | None:
+        return self._subscription.position
+
+    def close(self) -> None:
+        self._owner._run(self._subscription.close())
+
+    def __enter__(self) -> SyncSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncClient:
+    """The blocking mirror of Client: same methods, same arguments, same errors."""
+
+    def __init__(self, make_client: Callable[[], Client]) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="jetstream-sync-client")
+        self._thread.start()
+
+        async def start() -> Client:
+            return await make_client().start()
+
+        try:
+            self._client = self._run(start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def brokers(self) -> list[BrokerInfo]:
+        return self._client.brokers
+
+    refresh_metadata = _blocking(Client.refresh_metadata)
+    create_stream = _blocking(Client.create_stream)
+    delete_stream = _blocking(Client.delete_stream)
+    list_streams = _blocking(Client.list_streams)
+    stream_info = _blocking(Client.stream_info)
+    publish = _blocking(Client.publish)
+    publish_batch = _blocking(Client.publish_batch)
+    fetch = _blocking(Client.fetch)
+    offset_for_timestamp = _blocking(Client.offset_for_timestamp)
+
+    @functools.wraps(Client.subscribe)
+    def subscribe(self, *args: Any, **kwargs: Any) -> SyncSubscription:
+        async def make() -> Subscription:
+            return await self._client.subscribe(*args, **kwargs)
+
+        return SyncSubscription(self, self._run(make()))
+
+    def close(self) -> None:
+        """Close the client and stop its thread. Idempotent."""
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(
+                    CLOSE_TIMEOUT_S)
+            finally:
+                self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(CLOSE_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(brokers: str | Sequence[str] | None = None, **options: Any) -> SyncClient:
+    """A started SyncClient; takes the arguments of jetstream.client.connect. Raises
+    BrokerUnavailable when no bootstrap broker answers."""
+    return SyncClient(lambda: connect_async(brokers, **options))

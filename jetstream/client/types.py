@@ -1,0 +1,163 @@
+"""The values the client hands out: stream and partition descriptions, messages, fetch
+results, and the start positions of a subscription.
+
+Theory of operation: every value is a frozen dataclass built from what a broker sent (the
+stream dicts of Metadata and ListStreams, a Fetch response and its decoded records), so a
+caller can keep, compare and print them without holding on to the client. Stream
+descriptions keep the broker's whole dict in `config`, so keys a newer broker adds are not
+lost.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from jetstream.protocol.ack import Ack
+from jetstream.protocol.envelope import AckPolicy
+from jetstream.stream.format import StoredRecord
+
+__all__ = [
+    "Ack",
+    "AckPolicy",
+    "BrokerInfo",
+    "FetchResult",
+    "Message",
+    "PartitionInfo",
+    "PublishMessage",
+    "Start",
+    "StreamInfo",
+]
+
+
+class Start(enum.Enum):
+    """Where a subscription starts reading a partition."""
+
+    #: The oldest message still in the log (the log start offset).
+    EARLIEST = "earliest"
+    #: The newest committed message (high watermark - 1), or the high watermark when the
+    #: partition is empty: Liftbridge's meaning.
+    LATEST = "latest"
+    #: Only messages committed after subscribing (the high watermark).
+    NEW_ONLY = "new_only"
+    #: The offset given as `offset=`.
+    OFFSET = "offset"
+    #: The first message whose timestamp is at or after `timestamp_ms=`.
+    TIMESTAMP = "timestamp"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    id: int
+    host: str
+    port: int
+    http_port: int = 0
+    #: The NATS server(s) the broker uses, comma-separated; "" when it does not say.
+    nats_url: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BrokerInfo:
+        return cls(data["id"], data["host"], data["port"], int(data.get("http_port") or 0),
+                   str(data.get("nats_url") or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition: who leads it, its replicas, and its offsets when the broker that
+    answered leads it (else None)."""
+
+    stream: str
+    partition: int
+    subject: str
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    high_watermark: int | None = None
+    log_start_offset: int | None = None
+    log_end_offset: int | None = None
+
+    @classmethod
+    def from_dict(cls, stream: str, subject: str, data: Mapping[str, Any]) -> PartitionInfo:
+        return cls(stream, data["partition"], data.get("subject", subject), data["leader"],
+                   data["leader_epoch"], tuple(data["replicas"]), tuple(data["isr"]),
+                   data.get("high_watermark"), data.get("log_start_offset"),
+                   data.get("log_end_offset"))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """A stream as the broker describes it. `config` is the broker's whole description
+    (every config field, partitions excepted)."""
+
+    name: str
+    subject: str
+    partitions: tuple[PartitionInfo, ...]
+    group: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    replication_factor: int = 1
+    ack_policy: str = AckPolicy.ALL.value
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.partitions)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StreamInfo:
+        name, subject = data["name"], data["subject"]
+        partitions = tuple(sorted((PartitionInfo.from_dict(name, subject, p)
+                                   for p in data["partitions"]), key=lambda p: p.partition))
+        config = {k: v for k, v in data.items() if k != "partitions"}
+        return cls(name, subject, partitions, data.get("group"), dict(data.get("labels") or {}),
+                   int(data.get("replication_factor") or 1),
+                   str(data.get("ack_policy") or AckPolicy.ALL.value), config)
+
+
+class Message(NamedTuple):
+    """A committed message of a stream partition. (A named tuple: a catch-up read builds
+    hundreds of thousands a second.)"""
+
+    stream: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes
+    headers: Mapping[str, bytes]
+    #: The NATS subject the message arrived on ("" for messages appended over HTTP).
+    subject: str
+
+    @classmethod
+    def from_record(cls, stream: str, partition: int, record: StoredRecord) -> Message:
+        return tuple.__new__(cls, (stream, partition, record.offset, record.timestamp_ms,
+                                   record.key, record.value, record.headers, record.subject))
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """What one Fetch returned: messages below the high watermark, the partition's offsets
+    as the leader saw them, and where the next fetch starts."""
+
+    messages: list[Message]
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishMessage:
+    """One message of `publish_batch`."""
+
+    subject: str
+    value: bytes
+    key: bytes | None = None
+    headers: Mapping[str, bytes] | None = None
+    partition: int | None = None
