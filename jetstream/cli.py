@@ -2,19 +2,29 @@
 
 `jetstream dev` is the one-command start: an embedded nats-server and a broker on loopback,
 stopped by Ctrl-C. `jetstream server` runs one broker from flags, a config file and
-`JETSTREAM_*` environment variables.
+`JETSTREAM_*` environment variables. The client commands (`stream`, `pub`, `sub`, `cluster`)
+live in jetstream.cli_client.
+
+Exit status: 0 done, 1 an error with a code (printed as `error [CODE]: message`), 2 bad usage,
+130 interrupted by Ctrl-C (`dev`, `server` and `sub` stop cleanly on Ctrl-C and exit 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from jetstream.cli_client import UsageError, add_commands, normalize_argv
 from jetstream.errors import JetstreamError
+
+if TYPE_CHECKING:
+    from jetstream.server.broker import Broker
 
 DEV_PORTS = {"nats_port": 4222, "port": 7400, "http_port": 7480}
 
@@ -48,6 +58,7 @@ def _dev(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         await broker.start()
+        _stop_on_signals(broker)  # before "ready": a Ctrl-C right after it stops cleanly
         info = broker.describe_self()
         address = f"{info['host']}:{info['port']}"
         if args.json:
@@ -93,14 +104,30 @@ def _server(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         await broker.start()
+        _stop_on_signals(broker)
         info = broker.describe_self()
-        print(f"jetstream broker {info['broker_id']} ready: socket {info['host']}:{info['port']}"
-              f"  http http://{info['host']}:{info['http_port']}  nats {info['nats_url']}",
-              flush=True)
+        if args.json:
+            print(json.dumps({"event": "ready", "brokers": f"{info['host']}:{info['port']}",
+                              **info}), flush=True)
+        else:
+            print(f"jetstream broker {info['broker_id']} ready: socket {info['host']}:"
+                  f"{info['port']}  http http://{info['host']}:{info['http_port']}  "
+                  f"nats {info['nats_url']}", flush=True)
         await broker.run_until_stopped()
 
     asyncio.run(run())
     return 0
+
+
+def _stop_on_signals(broker: Broker) -> None:
+    """SIGINT and SIGTERM stop the broker (run_until_stopped installs the same handlers;
+    installing them as soon as it has started closes the window before that)."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, broker.stop)
 
 
 def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
@@ -118,26 +145,49 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jetstream", description=__doc__.splitlines()[0])
+    # Given before or after the command: the command's copies default to SUPPRESS so they do
+    # not overwrite a value given before it.
+    brokers_help = "brokers to connect to (default: $JETSTREAM_BROKERS)"
+    json_help = "print JSON for scripts instead of the human view"
+    parser.add_argument("--brokers", metavar="HOST:PORT,...", help=brokers_help)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                           help=json_help)
+    client_flags = argparse.ArgumentParser(add_help=False, parents=[json_flag])
+    client_flags.add_argument("--brokers", metavar="HOST:PORT,...", default=argparse.SUPPRESS,
+                              help=brokers_help)
+
     sub = parser.add_subparsers(dest="command", required=True)
-    dev = sub.add_parser("dev", help="embedded NATS + a local broker, nothing to set up")
+    dev = sub.add_parser("dev", parents=[json_flag],
+                         help="embedded NATS + a local broker, nothing to set up")
     dev.add_argument("--data-dir", help="keep the data here (default: a temp dir, removed)")
-    dev.add_argument("--json", action="store_true", help="print the addresses as JSON")
     dev.set_defaults(func=_dev)
-    server = sub.add_parser("server", help="run one broker")
+    server = sub.add_parser("server", parents=[json_flag], help="run one broker")
     _add_broker_flags(server)
     server.set_defaults(func=_server)
+    add_commands(sub, client_flags)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except JetstreamError as exc:
         print(f"error [{exc.code}]: {exc}", file=sys.stderr)
         return 1
+    except UsageError as exc:
+        print(f"{getattr(args, 'prog', 'jetstream')}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`jetstream sub s | head`): not an error. Point stdout at
+        # /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

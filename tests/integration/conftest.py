@@ -10,7 +10,7 @@ import pytest
 
 import jetstream
 from jetstream.client import Client
-from tests.integration.brokers import BrokerProcess
+from jetstream.server.process import BrokerProcess
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ from jetstream.errors import (
 from jetstream.protocol import frames
 from jetstream.protocol import messages as m
 from jetstream.protocol.envelope import encode_envelope
+from jetstream.server.process import BrokerProcess
 from jetstream.stream.format import decode_batches
-from tests.integration.brokers import BrokerProcess
 
 DEADLINE_S = 10.0
 

@@ -30,7 +30,7 @@ from jetstream.errors import (
     UnknownStream,
 )
 from jetstream.protocol import messages as m
-from tests.integration.brokers import BrokerProcess
+from jetstream.server.process import BrokerProcess
 
 DEADLINE_S = 10.0
 

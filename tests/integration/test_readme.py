@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.brokers import BrokerProcess
+from jetstream.server.process import BrokerProcess
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 EXAMPLE_TIMEOUT_S = 60

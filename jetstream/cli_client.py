@@ -1,0 +1,551 @@
+"""The client commands of the `jetstream` command line: `stream`, `pub`, `sub`, `cluster`.
+
+Theory of operation: each command is a coroutine run by `asyncio.run` with one client
+(jetstream.client) connected to the brokers of `--brokers host:port,...`, else of the
+JETSTREAM_BROKERS environment variable. It prints a human view on stdout, or with `--json` one
+JSON document (`sub --format json`: one JSON object per message, one per line). Errors the
+client or a broker raises (JetstreamError) reach `jetstream.cli.main`, which prints
+`error [CODE]: message` on stderr and exits 1; bad usage (no brokers, a bad `--from`, a
+malformed `k=v`) raises UsageError, which exits 2 as argparse's own errors do. Progress
+displays go to stderr, and only when stderr is a terminal, so pipes and scripts see results
+only.
+
+Exit status: 0 done, 1 a JetstreamError, 2 bad usage, 130 interrupted (Ctrl-C). `sub` is the
+exception: Ctrl-C (SIGINT) or SIGTERM is how one stops following, so it ends with 0.
+
+The parsing helpers (`parse_from`, `parse_pairs`, `normalize_argv`) are pure functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # the client (and nats-py) load only when a client command runs
+    from jetstream.client import Ack, Client, Message, Start, StreamInfo, Subscription
+
+BROKERS_ENV = "JETSTREAM_BROKERS"
+#: How long `pub` waits for an ack.
+ACK_TIMEOUT_S = 5.0
+#: With ack policy `none` no ack comes back: wait this long for a "no responders" error.
+NONE_ACK_GRACE_S = 0.5
+#: Messages `pub --count` keeps un-acked at once.
+PUBLISH_WINDOW = 1000
+#: A progress display is redrawn at most this often.
+PROGRESS_REDRAW_S = 0.2
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_RELATIVE = re.compile(r"-(?:\d+(?:ms|s|m|h|d))+")
+_RELATIVE_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+_FROM_HELP = ("earliest (default), latest (the newest message), new (only what comes next), "
+              "an OFFSET, an ISO-8601 time (2024-05-01T12:00:00Z; no zone: local time) or a "
+              "time relative to now (-30s, -5m, -2h, -1d, -1h30m)")
+
+
+class UsageError(Exception):
+    """The command line is wrong: `main` prints the message and exits 2."""
+
+
+# -- pure helpers ------------------------------------------------------------------------------
+
+
+def parse_from(text: str, now_ms: int) -> tuple[Start, int | None, int | None]:
+    """`--from` as (start, offset, timestamp_ms). Raises UsageError."""
+    from jetstream.client import Start
+
+    word = text.strip().lower()
+    named = {"earliest": Start.EARLIEST, "latest": Start.LATEST, "new": Start.NEW_ONLY}
+    if word in named:
+        return named[word], None, None
+    if word.isascii() and word.isdigit():
+        return Start.OFFSET, int(word), None
+    if _RELATIVE.fullmatch(word):
+        ago_ms = sum(int(n) * _UNITS_MS[unit] for n, unit in _RELATIVE_PART.findall(word))
+        return Start.TIMESTAMP, None, max(now_ms - ago_ms, 0)
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--from {text!r}: expected {_FROM_HELP}") from None
+    return Start.TIMESTAMP, None, max(int(moment.astimezone().timestamp() * 1000), 0)
+
+
+def parse_pairs(items: Sequence[str] | None, flag: str) -> dict[str, str]:
+    """`k=v` items (repeated `--label`/`--header`) as a dict. Raises UsageError."""
+    pairs: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} {item!r}: expected KEY=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Join `--from -5m` into `--from=-5m`: argparse would take `-5m` for an option."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--from" and i + 1 < len(argv) and _RELATIVE.fullmatch(argv[i + 1]):
+            out.append(f"--from={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def brokers_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> str:
+    """The bootstrap addresses from --brokers, else JETSTREAM_BROKERS. Raises UsageError."""
+    from jetstream.client import parse_brokers
+    from jetstream.errors import ProtocolError
+
+    text = getattr(args, "brokers", None) or environ.get(BROKERS_ENV, "")
+    if not text.strip():
+        raise UsageError(f"no brokers: pass --brokers HOST:PORT,... or set {BROKERS_ENV}")
+    try:
+        return ",".join(parse_brokers(text))
+    except ProtocolError as exc:
+        raise UsageError(f"--brokers {text!r}: {exc}") from None
+
+
+def iso_time(timestamp_ms: int) -> str:
+    moment = datetime.fromtimestamp(timestamp_ms / 1000, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _bytes_fields(name: str, data: bytes | None) -> dict[str, Any]:
+    """`{name: text}` when `data` is UTF-8, else `{name_base64: ...}`."""
+    if data is None:
+        return {name: None}
+    try:
+        return {name: data.decode()}
+    except UnicodeDecodeError:
+        return {f"{name}_base64": base64.b64encode(data).decode()}
+
+
+def message_json(msg: Message) -> dict[str, Any]:
+    """A message as JSON: key, value and header values as text when UTF-8, else under
+    `<name>_base64`."""
+    out: dict[str, Any] = {"stream": msg.stream, "partition": msg.partition,
+                           "offset": msg.offset, "timestamp_ms": msg.timestamp_ms,
+                           "time": iso_time(msg.timestamp_ms), "subject": msg.subject}
+    out.update(_bytes_fields("key", msg.key))
+    out.update(_bytes_fields("value", msg.value))
+    headers: dict[str, str] = {}
+    binary: dict[str, str] = {}
+    for name, value in msg.headers.items():
+        for field, text in _bytes_fields(name, value).items():
+            (headers if field == name else binary)[name] = text
+    out["headers"] = headers
+    if binary:
+        out["headers_base64"] = binary
+    return out
+
+
+# Control characters would break the one-message-per-line layout.
+_ESCAPES = {i: f"\\x{i:02x}" for i in [*range(32), 127]} | {
+    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def _text(data: bytes | None) -> str:
+    if data is None:
+        return "-"
+    try:
+        return data.decode().translate(_ESCAPES)
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(data).decode()
+
+
+def message_text(msg: Message) -> str:
+    """`OFFSET  TIME  KEY  VALUE`: text when UTF-8 (control characters escaped), else
+    `base64:...`; KEY is `-` when the message has none."""
+    return f"{msg.offset}  {iso_time(msg.timestamp_ms)}  {_text(msg.key)}  {_text(msg.value)}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [list(headers)] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+class Progress:
+    """A one-line progress display on stderr, redrawn at most every PROGRESS_REDRAW_S; it
+    draws nothing unless stderr is a terminal."""
+
+    def __init__(self, what: str, total: int | None, out: TextIO | None = None) -> None:
+        self.out = out or sys.stderr
+        self.enabled = self.out.isatty()
+        self.what = what
+        self.total = total
+        self._started = time.monotonic()
+        self._drawn_at = self._started
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._drawn_at < PROGRESS_REDRAW_S:
+            return
+        self._drawn_at = now
+        rate = done / max(now - self._started, 1e-6)
+        of = f"/{self.total} ({100 * done // max(self.total, 1)}%)" if self.total else ""
+        self.out.write(f"\r{self.what} {done}{of}  {rate:,.0f} msgs/s\x1b[K")
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+
+
+def _emit(args: argparse.Namespace, document: Any, human: str) -> None:
+    print(json.dumps(document) if args.json else human, flush=True)
+
+
+# -- stream commands ---------------------------------------------------------------------------
+
+
+def stream_json(info: StreamInfo) -> dict[str, Any]:
+    partitions = [{k: v for k, v in asdict(p).items() if k != "stream"}
+                  for p in info.partitions]
+    return {**info.config, "partitions": partitions}
+
+
+def _labels_text(labels: Any) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+
+
+def stream_text(info: StreamInfo) -> str:
+    config = dict(info.config)
+    config["labels"] = _labels_text(info.labels)
+    first = ["name", "subject", "group", "labels", "replication_factor", "min_isr",
+             "ack_policy", "fsync"]
+    keys = [k for k in first if k in config] + sorted(k for k in config if k not in first)
+    lines = [f"{k.replace('_', ' '):<20}{'-' if config[k] is None else config[k]}"
+             for k in keys]
+    rows = [(p.partition, p.subject, p.leader, p.leader_epoch, _ids(p.replicas), _ids(p.isr),
+             p.log_start_offset, p.high_watermark, p.log_end_offset) for p in info.partitions]
+    lines += ["", table(["PARTITION", "SUBJECT", "LEADER", "EPOCH", "REPLICAS", "ISR", "START",
+                         "HW", "LEO"], rows)]
+    return "\n".join(lines)
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ",".join(map(str, ids))
+
+
+async def stream_create(js: Client, args: argparse.Namespace) -> int:
+    info = await js.create_stream(
+        args.name, args.subject, partitions=args.partitions, group=args.group,
+        labels=parse_pairs(args.label, "--label") or None, ack_policy=args.ack_policy,
+        fsync=args.fsync, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes,
+        retention_messages=args.retention_messages, max_message_bytes=args.max_message_bytes,
+        replication_factor=args.replication_factor, min_isr=args.min_isr)
+    count = info.partition_count
+    _emit(args, stream_json(info),
+          f"stream {info.name} ready: subject {info.subject!r}, {count} "
+          f"partition{'s' if count != 1 else ''}, ack policy {info.ack_policy}")
+    return 0
+
+
+async def stream_list(js: Client, args: argparse.Namespace) -> int:
+    from jetstream.protocol.names import parse_selector
+
+    selector = parse_selector(args.selector or "")
+    streams = [s for s in await js.list_streams() if selector(s.labels)]
+    rows = [(s.name, s.subject, s.partition_count, s.replication_factor, s.ack_policy,
+             s.group, _labels_text(s.labels)) for s in streams]
+    human = table(["NAME", "SUBJECT", "PARTITIONS", "RF", "ACK", "GROUP", "LABELS"], rows) \
+        if streams else "no streams"
+    _emit(args, {"streams": [stream_json(s) for s in streams]}, human)
+    return 0
+
+
+async def stream_info(js: Client, args: argparse.Namespace) -> int:
+    info = await js.stream_info(args.name)
+    _emit(args, stream_json(info), stream_text(info))
+    return 0
+
+
+async def stream_delete(js: Client, args: argparse.Namespace) -> int:
+    await js.delete_stream(args.name)
+    _emit(args, {"deleted": args.name}, f"stream {args.name} deleted")
+    return 0
+
+
+async def cluster_status(js: Client, args: argparse.Namespace) -> int:
+    from jetstream.protocol.messages import LATEST_TIMESTAMP
+
+    streams = await js.list_streams()
+    brokers = [{**asdict(b), "address": b.address} for b in js.brokers]
+    partitions = []
+    for stream in streams:
+        for p in stream.partitions:
+            row = asdict(p)
+            if p.high_watermark is None:  # the answering broker does not lead it: ask the leader
+                row["high_watermark"] = await js.offset_for_timestamp(
+                    stream.name, p.partition, LATEST_TIMESTAMP)
+            partitions.append(row)
+    human = "\n".join([
+        f"brokers ({len(brokers)})",
+        table(["ID", "ADDRESS", "HTTP", "NATS"],
+              [(b["id"], b["address"], b["http_port"] or None, b["nats_url"] or None)
+               for b in brokers]),
+        "", f"partitions ({len(partitions)})",
+        table(["STREAM", "PARTITION", "LEADER", "EPOCH", "ISR", "REPLICAS", "HW", "LEO"],
+              [(p["stream"], p["partition"], p["leader"], p["leader_epoch"], _ids(p["isr"]),
+                _ids(p["replicas"]), p["high_watermark"], p["log_end_offset"])
+               for p in partitions]),
+    ])
+    _emit(args, {"brokers": brokers, "partitions": partitions}, human)
+    return 0
+
+
+# -- pub -----------------------------------------------------------------------------------------
+
+
+def _publish_value(args: argparse.Namespace) -> bytes:
+    if args.file is not None:
+        if args.value is not None:
+            raise UsageError("give either VALUE or --file, not both")
+        try:
+            return Path(args.file).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"--file {args.file!r}: {exc.strerror}") from None
+    if args.value is None:
+        raise UsageError("no value: give VALUE, '-' to read standard input, or --file PATH")
+    text: str = args.value
+    return sys.stdin.buffer.read() if text == "-" else text.encode()
+
+
+def _ack_json(ack: Ack) -> dict[str, Any]:
+    return {"stream": ack.stream, "partition": ack.partition, "offset": ack.offset,
+            "subject": ack.subject, "ack_policy": str(ack.ack_policy)}
+
+
+async def pub(js: Client, args: argparse.Namespace) -> int:
+    from jetstream.errors import AckTimeout
+
+    value = _publish_value(args)
+    key = args.key.encode() if args.key is not None else None
+    headers = {k: v.encode() for k, v in parse_pairs(args.header, "--header").items()} or None
+    if args.count < 1:
+        raise UsageError(f"--count must be at least 1, got {args.count}")
+    if args.count > 1:
+        return await _pub_many(js, args, value, key, headers)
+    no_ack = args.ack_policy == "none"
+    try:
+        ack = await js.publish(args.subject, value, key=key, headers=headers,
+                               ack_policy=args.ack_policy, partition=args.partition,
+                               timeout=NONE_ACK_GRACE_S if no_ack else ACK_TIMEOUT_S)
+    except AckTimeout:
+        if not no_ack:
+            raise
+        _emit(args, {"sent": 1, "acked": False},
+              "sent 1 message (ack policy none: the broker sends no ack)")
+        return 0
+    _emit(args, _ack_json(ack),
+          f"acked: stream {ack.stream}, partition {ack.partition}, offset {ack.offset}")
+    return 0
+
+
+async def _pub_many(js: Client, args: argparse.Namespace, template: bytes, key: bytes | None,
+                    headers: dict[str, bytes] | None) -> int:
+    """`--count N` messages, pipelined; `{i}` (1..N) in VALUE or --key is the message's
+    number."""
+    from jetstream.client import PublishMessage
+    from jetstream.errors import AckTimeout
+
+    count, no_ack = args.count, args.ack_policy == "none"
+    numbered = args.value not in (None, "-") and b"{i}" in template
+    numbered_key = key is not None and b"{i}" in key
+    progress = Progress(f"publishing to {args.subject}:", count)
+
+    def messages() -> Iterator[PublishMessage]:
+        for i in range(1, count + 1):
+            number = str(i).encode()
+            yield PublishMessage(args.subject,
+                                 template.replace(b"{i}", number) if numbered else template,
+                                 key.replace(b"{i}", number) if numbered_key and key else key,
+                                 headers, args.partition)
+            progress.update(i)
+
+    started = time.monotonic()
+    try:
+        # With ack policy none no ack ever comes: send all at once, wait only for errors.
+        acks = await js.publish_batch(messages(), window=count + 1 if no_ack else PUBLISH_WINDOW,
+                                      ack_policy=args.ack_policy,
+                                      timeout=NONE_ACK_GRACE_S if no_ack else ACK_TIMEOUT_S)
+    except AckTimeout:
+        if not no_ack:
+            raise
+        acks = []
+    finally:
+        progress.close()
+    # With ack policy none the last NONE_ACK_GRACE_S was spent waiting for errors only.
+    seconds = max(time.monotonic() - started - (NONE_ACK_GRACE_S if no_ack else 0), 1e-3)
+    spans: dict[tuple[str, int], tuple[int, int, int]] = {}  # first, last offset; count
+    for ack in acks:
+        first, last, acked = spans.get((ack.stream, ack.partition), (ack.offset, ack.offset, 0))
+        spans[ack.stream, ack.partition] = (min(first, ack.offset), max(last, ack.offset),
+                                            acked + 1)
+    rate = count / seconds
+    document = {"count": count, "acked": len(acks), "seconds": round(seconds, 6),
+                "msgs_per_s": round(rate, 1),
+                "partitions": [{"stream": s, "partition": p, "first_offset": lo,
+                                "last_offset": hi, "count": n}
+                               for (s, p), (lo, hi, n) in sorted(spans.items())]}
+    lines = [f"published {count} messages to {args.subject} in {seconds:.2f} s: "
+             f"{rate:,.0f} msgs/s" + (" (ack policy none: not acked)" if no_ack else "")]
+    lines += [f"  {s}/{p}  offsets {lo}..{hi}" for (s, p), (lo, hi, _) in sorted(spans.items())]
+    _emit(args, document, "\n".join(lines))
+    return 0
+
+
+# -- sub -----------------------------------------------------------------------------------------
+
+
+async def sub(js: Client, args: argparse.Namespace) -> int:
+    """Print messages until caught up (or forever with --follow); SIGINT/SIGTERM end it
+    with status 0."""
+    start, offset, timestamp_ms = parse_from(args.start, int(time.time() * 1000))
+    if args.max is not None and args.max < 1:
+        raise UsageError(f"--max must be at least 1, got {args.max}")
+    subscription = js.subscribe(args.stream, args.partition, start=start, offset=offset,
+                                timestamp_ms=timestamp_ms,
+                                stop=None if args.follow else "latest")
+    consumer = asyncio.ensure_future(_print_messages(subscription, args))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, consumer.cancel)
+    try:
+        await asyncio.wait({consumer})
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await subscription.close()
+    return 0 if consumer.cancelled() else consumer.result()  # result() raises its error
+
+
+async def _print_messages(subscription: Subscription, args: argparse.Namespace) -> int:
+    as_json = args.json or args.format == "json"
+    render = (lambda m: json.dumps(message_json(m))) if as_json else message_text
+    await subscription.start()
+    total = None
+    if subscription.stop_offset is not None and subscription.position is not None:
+        total = max(subscription.stop_offset - subscription.position, 0)
+        if args.max is not None:
+            total = min(total, args.max)
+    # Progress only when the messages themselves go elsewhere (a file, a pipe).
+    progress = Progress(f"reading {args.stream}/{args.partition}:", total) \
+        if not sys.stdout.isatty() else None
+    remaining = args.max
+    printed = 0
+    out = sys.stdout
+    try:
+        while remaining is None or remaining > 0:
+            batch = await subscription.next_batch()
+            if batch is None:
+                break
+            if remaining is not None:
+                batch = batch[:remaining]
+                remaining -= len(batch)
+            out.write("".join(render(m) + "\n" for m in batch))
+            out.flush()
+            printed += len(batch)
+            if progress is not None:
+                progress.update(printed)
+    finally:
+        if progress is not None:
+            progress.close()
+    return 0
+
+
+# -- wiring ------------------------------------------------------------------------------------
+
+Command = Callable[["Client", argparse.Namespace], Awaitable[int]]
+
+
+def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
+    """Run `command` with a client of the command line's brokers."""
+    def run(args: argparse.Namespace) -> int:
+        brokers = brokers_from(args, os.environ)
+
+        async def with_client() -> int:
+            import jetstream.client
+
+            async with jetstream.client.connect(brokers) as js:
+                return await command(js, args)
+
+        return asyncio.run(with_client())
+
+    return run
+
+
+def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
+    """Add the client commands to the `jetstream` subparsers; `client_flags` is the parent
+    parser of --brokers and --json."""
+    def leaf(group: Any, name: str, command: Command, help: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = group.add_parser(name, parents=[client_flags],
+                                                           help=help, description=help)
+        parser.set_defaults(func=_runner(command), prog=parser.prog)
+        return parser
+
+    streams = commands.add_parser("stream", help="create, list, describe and delete streams")
+    group = streams.add_subparsers(dest="stream_command", required=True)
+    create = leaf(group, "create", stream_create,
+                  "create a stream (a no-op when it exists with the same config)")
+    create.add_argument("name")
+    create.add_argument("--subject", required=True, help="NATS subject (wildcards allowed)")
+    create.add_argument("--partitions", type=int, default=1,
+                        help="partition p > 0 reads SUBJECT.p (default 1)")
+    create.add_argument("--group", help="spread the subject's messages over this group's streams")
+    create.add_argument("--label", action="append", metavar="KEY=VALUE", help="repeatable")
+    create.add_argument("--ack-policy", choices=["leader", "all", "none"])
+    create.add_argument("--fsync", choices=["always", "interval", "never"])
+    for flag in ("retention-ms", "retention-bytes", "retention-messages", "max-message-bytes",
+                 "replication-factor", "min-isr"):
+        create.add_argument(f"--{flag}", type=int, metavar="N")
+    leaf(group, "list", stream_list, "list streams").add_argument(
+        "--selector", help="label selector, e.g. 'app=shop,env in (prod,stage)'")
+    leaf(group, "info", stream_info, "describe a stream and its partitions").add_argument("name")
+    leaf(group, "delete", stream_delete, "delete a stream and its data").add_argument("name")
+
+    publish = leaf(commands, "pub", pub, "publish a message (or --count N) and print the ack")
+    publish.add_argument("subject")
+    publish.add_argument("value", nargs="?", help="the message; '-' reads standard input")
+    publish.add_argument("--file", metavar="PATH", help="read the message from a file")
+    publish.add_argument("--key")
+    publish.add_argument("--header", action="append", metavar="KEY=VALUE", help="repeatable")
+    publish.add_argument("--ack-policy", choices=["leader", "all", "none"])
+    publish.add_argument("--partition", type=int)
+    publish.add_argument("--count", type=int, default=1,
+                         help="publish N messages, pipelined; {i} in VALUE or --key is 1..N")
+
+    subscribe = leaf(commands, "sub", sub, "print a partition's messages")
+    subscribe.add_argument("stream")
+    subscribe.add_argument("--partition", type=int, default=0)
+    subscribe.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
+                           help=_FROM_HELP)
+    subscribe.add_argument("--follow", "-f", action="store_true",
+                           help="keep waiting for new messages (Ctrl-C stops, status 0)")
+    subscribe.add_argument("--max", type=int, metavar="N", help="stop after N messages")
+    subscribe.add_argument("--format", choices=["text", "json"], default="text",
+                           help="json: one object per line (--json too)")
+
+    cluster = commands.add_parser("cluster", help="cluster state")
+    leaf(cluster.add_subparsers(dest="cluster_command", required=True), "status",
+         cluster_status, "brokers, and each partition's leader, ISR, epoch, HW and LEO")
