@@ -39,8 +39,6 @@ if TYPE_CHECKING:  # the client (and nats-py) load only when a client command ru
 BROKERS_ENV = "JETSTREAM_BROKERS"
 #: How long `pub` waits for an ack.
 ACK_TIMEOUT_S = 5.0
-#: With ack policy `none` no ack comes back: wait this long for a "no responders" error.
-NONE_ACK_GRACE_S = 0.5
 #: Messages `pub --count` keeps un-acked at once.
 PUBLISH_WINDOW = 1000
 #: A progress display is redrawn at most this often.
@@ -337,7 +335,6 @@ def _ack_json(ack: Ack) -> dict[str, Any]:
 
 
 async def pub(js: Client, args: argparse.Namespace) -> int:
-    from jetstream.errors import AckTimeout
 
     value = _publish_value(args)
     key = args.key.encode() if args.key is not None else None
@@ -346,14 +343,10 @@ async def pub(js: Client, args: argparse.Namespace) -> int:
         raise UsageError(f"--count must be at least 1, got {args.count}")
     if args.count > 1:
         return await _pub_many(js, args, value, key, headers)
-    no_ack = args.ack_policy == "none"
-    try:
-        ack = await js.publish(args.subject, value, key=key, headers=headers,
-                               ack_policy=args.ack_policy, partition=args.partition,
-                               timeout=NONE_ACK_GRACE_S if no_ack else ACK_TIMEOUT_S)
-    except AckTimeout:
-        if not no_ack:
-            raise
+    ack = await js.publish(args.subject, value, key=key, headers=headers,
+                           ack_policy=args.ack_policy, partition=args.partition,
+                           timeout=ACK_TIMEOUT_S)
+    if ack is None:  # ack policy none
         _emit(args, {"sent": 1, "acked": False},
               "sent 1 message (ack policy none: the broker sends no ack)")
         return 0
@@ -367,7 +360,6 @@ async def _pub_many(js: Client, args: argparse.Namespace, template: bytes, key: 
     """`--count N` messages, pipelined; `{i}` (1..N) in VALUE or --key is the message's
     number."""
     from jetstream.client import PublishMessage
-    from jetstream.errors import AckTimeout
 
     count, no_ack = args.count, args.ack_policy == "none"
     numbered = args.value not in (None, "-") and b"{i}" in template
@@ -385,18 +377,12 @@ async def _pub_many(js: Client, args: argparse.Namespace, template: bytes, key: 
 
     started = time.monotonic()
     try:
-        # With ack policy none no ack ever comes: send all at once, wait only for errors.
-        acks = await js.publish_batch(messages(), window=count + 1 if no_ack else PUBLISH_WINDOW,
-                                      ack_policy=args.ack_policy,
-                                      timeout=NONE_ACK_GRACE_S if no_ack else ACK_TIMEOUT_S)
-    except AckTimeout:
-        if not no_ack:
-            raise
-        acks = []
+        # With ack policy none nothing comes back: the client sends and returns [].
+        acks = await js.publish_batch(messages(), window=PUBLISH_WINDOW,
+                                      ack_policy=args.ack_policy, timeout=ACK_TIMEOUT_S)
     finally:
         progress.close()
-    # With ack policy none the last NONE_ACK_GRACE_S was spent waiting for errors only.
-    seconds = max(time.monotonic() - started - (NONE_ACK_GRACE_S if no_ack else 0), 1e-3)
+    seconds = max(time.monotonic() - started, 1e-3)
     spans: dict[tuple[str, int], tuple[int, int, int]] = {}  # first, last offset; count
     for ack in acks:
         first, last, acked = spans.get((ack.stream, ack.partition), (ack.offset, ack.offset, 0))

@@ -290,9 +290,10 @@ class Client:
         ack_policy: AckPolicy | str | None = None,
         partition: int | None = None,
         timeout: float = PUBLISH_TIMEOUT_S,
-    ) -> Ack:
+    ) -> Ack | None:
         """Publish `value` on `subject` through NATS and wait for the ack (the stream's ack
-        policy unless `ack_policy` says otherwise). The partition is `partition` if given,
+        policy unless `ack_policy` says otherwise). With `ack_policy="none"` nothing comes
+        back: the message is sent and None returned at once. The partition is `partition` if given,
         else chosen from `key` (crc32(key) % N) or round-robin when a known stream reads
         exactly `subject` with N > 1 partitions. When several streams read the subject, each
         stores the message and the first ack is returned. Raises AckTimeout (no ack within
@@ -313,7 +314,8 @@ class Client:
         timeout: float = PUBLISH_TIMEOUT_S,
     ) -> list[Ack]:
         """Publish many messages with up to `window` of them un-acked at once, and return
-        their acks in order (Ack.subject is None: batch acks do not carry it). Partitions
+        their acks in order (Ack.subject is None: batch acks do not carry it); with
+        `ack_policy="none"` send them all and return []. Partitions
         are chosen as in `publish`. Raises the first error an ack carries (after it, nothing
         more is sent; earlier messages may be stored), AckTimeout when no ack arrives for
         `timeout` seconds, NoStreamForSubject."""

@@ -117,7 +117,10 @@ class Publisher:
 
     async def publish(self, subject: str, value: bytes, key: bytes | None,
                       headers: Mapping[str, bytes] | None, ack_policy: AckPolicy | str | None,
-                      timeout_s: float) -> Ack:
+                      timeout_s: float) -> Ack | None:
+        if _no_ack(ack_policy):
+            await self.send_unacked(subject, value, key, headers)
+            return None
         correlation_id = str(next(self._ids))
         inbox = f"{self.inbox_prefix}.{correlation_id}"
         payload = encode_envelope(value, key, headers, inbox, correlation_id, ack_policy)
@@ -131,10 +134,25 @@ class Publisher:
         finally:
             self._waiters.pop(correlation_id, None)
 
+    async def send_unacked(self, subject: str, value: bytes, key: bytes | None,
+                           headers: Mapping[str, bytes] | None) -> None:
+        """Publish with ack policy `none`: nothing comes back, so nothing is awaited."""
+        payload = encode_envelope(value, key, headers, None, None, AckPolicy.NONE)
+        try:
+            await self._nc.publish(subject, payload)
+        except MaxPayloadError:
+            raise RecordTooLarge(len(payload), self._nc.max_payload) from None
+
     async def publish_batch(self, items: Iterable[BatchItem], ack_policy: AckPolicy | str | None,
                             window: int, timeout_s: float) -> list[Ack]:
         if window < 1:
             raise ProtocolError(f"window must be at least 1, got {window}", field="window")
+        if _no_ack(ack_policy):
+            for i, (subject, value, key, headers) in enumerate(items):
+                await self.send_unacked(subject, value, key, headers)
+                if i % YIELD_EVERY == YIELD_EVERY - 1:
+                    await asyncio.sleep(0)
+            return []
         batch = _Batch()
         inbox = f"{self.inbox_prefix}.b{next(self._batch_ids)}"
         ids: list[str] = []
@@ -230,3 +248,7 @@ def _settle(waiter: _Waiter, ack: Ack | None, error: JetstreamError | None) -> N
             waiter.set_exception(error)
         else:
             waiter.set_result(ack)  # type: ignore[arg-type]
+
+
+def _no_ack(ack_policy: AckPolicy | str | None) -> bool:
+    return ack_policy is not None and str(ack_policy) == AckPolicy.NONE.value

@@ -145,17 +145,27 @@ async def test_publish_without_a_reader_fails_fast(js: Client) -> None:
     assert caught.value.subject == "nobody.reads.this"
 
 
-async def test_publish_with_ack_policy_none_times_out(js: Client) -> None:
+async def test_publish_with_ack_policy_none_returns_at_once_and_is_stored(js: Client) -> None:
     await js.create_stream("quiet", "quiet")
 
+    assert await js.publish("quiet", b"x", ack_policy="none", timeout=0.3) is None
+    assert await js.publish_batch([("quiet", b"y"), ("quiet", b"z")], ack_policy="none") == []
+    # Stored all the same: only the ack was not asked for.
+    values = [msg.value for msg in await read_all(js, "quiet", stop=3)]
+    assert values == [b"x", b"y", b"z"]
+
+
+async def test_no_ack_within_the_timeout_raises_ack_timeout(js: Client) -> None:
+    # The stream's own policy is none, so a publish that waits for an ack waits in vain.
+    await js.create_stream("silent", "silent", ack_policy="none")
+
     with pytest.raises(AckTimeout) as caught:
-        await js.publish("quiet", b"x", ack_policy="none", timeout=0.3)
+        await js.publish("silent", b"x", timeout=0.3)
 
     assert caught.value.code == "ACK_TIMEOUT"
     assert caught.value.retriable
     assert isinstance(caught.value, TimeoutError)
-    # Stored all the same: only the ack was not asked for.
-    assert [msg.value for msg in await read_all(js, "quiet", stop=1)] == [b"x"]
+    assert [msg.value for msg in await read_all(js, "silent", stop=1)] == [b"x"]
 
 
 async def test_oversize_message_gets_an_error_ack(js: Client) -> None:
