@@ -44,7 +44,9 @@ MAGIC = b"JSEV"
 VERSION = 1
 PREFIX = struct.Struct(">4sB")
 assert PREFIX.size == len(MAGIC) + 1
-_PREFIX_BYTES = PREFIX.pack(MAGIC, VERSION)
+#: The first bytes of every envelope: magic and version.
+PREFIX_BYTES = PREFIX.pack(MAGIC, VERSION)
+_PREFIX_BYTES = PREFIX_BYTES
 
 CORRELATION_ID_CHARS_MAX = 256
 HEADERS_MAX = 256

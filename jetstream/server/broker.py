@@ -40,6 +40,7 @@ from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
 from jetstream.server.metrics import BrokerMetrics, PartitionMetrics, render
+from jetstream.server.nats_port import NatsPort, NatsPyNats, connect_nats
 from jetstream.server.partition import PartitionLeader
 from jetstream.server.socket_api import SocketApi
 from jetstream.stream.checkpoint import write_atomic
@@ -60,7 +61,7 @@ class Broker:
         self.http_port = -1
         self.nats_url = ""
         self._nats_server: NatsServer | None = None
-        self._nc: Any = None
+        self._nats: NatsPort | None = None
         self._metadata: LocalMetadata | None = None
         self._leaders: dict[tuple[str, int], PartitionLeader] = {}
         self._pool = HandlePool(config.open_files_max)
@@ -99,10 +100,13 @@ class Broker:
             await self._nats_server.astart()
             urls = [self._nats_server.url]
         self.nats_url = ",".join(urls)
-        self._nc = await nats.connect(
-            servers=urls, name=f"jetstream-broker-{self.config.broker_id}",
-            max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-            pending_size=64 * 1024 * 1024, flusher_queue_size=16384)
+        name = f"jetstream-broker-{self.config.broker_id}"
+        if self.config.nats_client == "nats-py":
+            self._nats = NatsPyNats(await nats.connect(
+                servers=urls, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                pending_size=64 * 1024 * 1024, flusher_queue_size=16384))
+        else:
+            self._nats = await connect_nats(urls, name)
         self._metadata = LocalMetadata(self.data_dir / "meta")
         await self.socket_api.start()
         if self.config.http_port >= 0:
@@ -132,9 +136,9 @@ class Broker:
             await self._http.stop()
         for key in list(self._leaders):
             await self._stop_leader(key, delete=False)
-        if self._nc is not None:
+        if self._nats is not None:
             with contextlib.suppress(Exception):
-                await self._nc.drain()
+                await self._nats.close()
         if self._nats_server is not None:
             await self._nats_server.astop()
         self._executor.shutdown(wait=True)
@@ -170,7 +174,8 @@ class Broker:
     async def _start_leader(self, stream: StreamConfig, partition: PartitionState) -> None:
         log_ = Log(self._log_dir(stream.name, partition.partition), stream.log_config(),
                    pool=self._pool)
-        leader = PartitionLeader(stream, partition, log_, self._nc, self.config,
+        assert self._nats is not None
+        leader = PartitionLeader(stream, partition, log_, self._nats, self.config,
                                  self._executor, PartitionMetrics())
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
@@ -246,6 +251,8 @@ class Broker:
                 for b in sorted(self.metadata.state.brokers.values(), key=lambda b: b.id)]
 
     def render_metrics(self) -> str:
+        for leader in self._leaders.values():
+            leader.metrics.dropped = leader.dropped
         rows = [(s, p, leader.metrics, leader.log.log_end_offset)
                 for (s, p), leader in sorted(self._leaders.items())]
         return render(rows, self.metrics)

@@ -36,6 +36,9 @@ class BrokerConfig:
     nats_url: str = ""
     #: Client port of the embedded nats-server; 0 picks a free one.
     nats_port: int = 0
+    #: NATS client for ingest and acks: "fast" (a bulk protocol parser; falls back to nats-py
+    #: for TLS) or "nats-py".
+    nats_client: str = "fast"
     #: Most client connections the socket API accepts at once.
     connections_max: int = 1024
     #: Largest request frame a client may send.
@@ -83,6 +86,9 @@ class BrokerConfig:
         _range(self, "retention_check_ms", 10, 86_400_000)
         _range(self, "checkpoint_interval_ms", 10, 86_400_000)
         _range(self, "open_files_max", 16, 1_000_000)
+        if self.nats_client not in ("fast", "nats-py"):
+            raise InvalidConfig(f"nats_client must be 'fast' or 'nats-py', got "
+                                f"{self.nats_client!r}", field="nats_client")
         if not self.data_dir:
             raise InvalidConfig("data_dir must not be empty", field="data_dir")
 

@@ -18,6 +18,7 @@ class PartitionMetrics:
     fetched_bytes: int = 0
     acked: int = 0
     errors: int = 0
+    dropped: int = 0
     high_watermark: int = 0
 
 
@@ -28,6 +29,7 @@ _HELP = {
     "fetched_bytes": ("counter", "Bytes of record batches served to fetches."),
     "acked": ("counter", "Publish acks sent."),
     "errors": ("counter", "Messages refused (too large, append failures)."),
+    "dropped": ("counter", "Messages NATS delivered that ingest could not buffer (never acked)."),
     "high_watermark": ("gauge", "Offset below which records are committed."),
 }
 

@@ -2,10 +2,11 @@
 
 Theory of operation
 - Ingest: the partition's NATS subscription (a queue subscription when the stream is in a
-  group) buffers messages in nats-py's bounded pending queue. The ingest task takes whatever
-  has arrived since its last append as one batch (up to a record and byte limit), turns each
-  message into a record (an envelope is unpacked; anything else is stored as it came: payload
-  as value, NATS headers as headers, subject kept) and appends the batch without fsync.
+  group; jetstream.server.nats_port) buffers messages in a bounded queue. The ingest task
+  takes whatever has arrived since its last append as one batch (up to a record and byte
+  limit), turns each message into a record (an envelope is unpacked; anything else is stored
+  as it came: payload as value, NATS headers as headers, subject kept) and appends the batch
+  without fsync.
 - Durability: with fsync `always`, a sync task fsyncs in a thread while the ingest task
   appends the next batch, so one fsync covers every batch that landed before it started
   (group commit across batches). Other policies count a batch as written when appended.
@@ -17,9 +18,10 @@ Theory of operation
 - Fetch: reads are served from the log up to the HW; a reader at the HW waits for it to
   move (long poll) until its deadline.
 - Back-pressure: at most `ingest_inflight_batches_max` batches wait for fsync; past that the
-  ingest task stops taking messages, nats-py's pending queue fills, and NATS drops what does
-  not fit (a slow consumer). A dropped message was never appended nor acked: the publisher's
-  request times out and it retries. Nothing acked is ever dropped.
+  ingest task stops taking messages, the subscription's queue fills, and what does not fit
+  is dropped (a slow consumer, counted in the subscription). A dropped message was never
+  appended nor acked: the publisher's request times out and it retries. Nothing acked is
+  ever dropped.
 """
 
 from __future__ import annotations
@@ -31,20 +33,23 @@ import logging
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
 
 from jetstream.errors import JetstreamError, OffsetOutOfRange, RecordTooLarge
 from jetstream.protocol import ack as ack_codec
-from jetstream.protocol.envelope import AckPolicy, decode_envelope, is_envelope
+from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
+from jetstream.protocol.envelope import AckPolicy, decode_envelope
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
 from jetstream.server.metrics import PartitionMetrics
-from jetstream.server.nats_out import publish_many
+from jetstream.server.nats_port import NatsPort, Subscription
+from jetstream.server.nats_wire import NatsMsg
 from jetstream.stream.config import FsyncPolicy
-from jetstream.stream.format import Record
+from jetstream.stream.format import NO_HEADERS, Record
 from jetstream.stream.log import FileSlice, Log
 
 log = logging.getLogger(__name__)
+
+_NO_ACK = AckPolicy.NONE
 
 
 @dataclass(slots=True)
@@ -64,7 +69,7 @@ class PartitionLeader:
         stream: StreamConfig,
         state: PartitionState,
         log_: Log,
-        nc: Any,
+        nats_port: NatsPort,
         config: BrokerConfig,
         executor: Executor | None,
         metrics: PartitionMetrics,
@@ -72,7 +77,7 @@ class PartitionLeader:
         self.stream = stream
         self.state = state
         self.log = log_
-        self._nc = nc
+        self._nats = nats_port
         self._config = config
         self._executor = executor
         self.metrics = metrics
@@ -87,7 +92,7 @@ class PartitionLeader:
         self._hw_changed = asyncio.Event()
         self._sync_wanted = asyncio.Event()
         self._room = asyncio.Condition()
-        self._sub: Any = None
+        self._sub: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._checkpointed_hw = -1
         self._stopping = False
@@ -99,19 +104,9 @@ class PartitionLeader:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(
-            self.subject,
-            queue=self.stream.group or "",
-            pending_msgs_limit=self._config.ingest_pending_msgs_max,
-            pending_bytes_limit=self._config.ingest_pending_bytes_max,
-        )
-        # The stream may be reported created only once NATS routes its subject here, or a
-        # message published right after is dropped (no subscriber). nats-py's flush() writes
-        # its PING ahead of the SUB still in its buffer, so one PONG proves nothing; the second
-        # PING goes out after the SUB, and its PONG does.
-        for _ in range(2):
-            with contextlib.suppress(Exception):  # NATS down: the SUB is sent on reconnect
-                await self._nc.flush(timeout=5)
+        self._sub = await self._nats.subscribe(
+            self.subject, self.stream.group, self._config.ingest_pending_msgs_max,
+            self._config.ingest_pending_bytes_max)
         self._tasks = [asyncio.create_task(self._ingest_loop(), name=f"ingest {self.name}")]
         if self._always:
             self._tasks.append(asyncio.create_task(self._sync_loop(), name=f"sync {self.name}"))
@@ -121,54 +116,41 @@ class PartitionLeader:
     async def stop(self) -> None:
         """Stop taking messages, finish what was taken (append, fsync, ack), then stop."""
         self._stopping = True
-        if self._sub is not None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-        # Messages already buffered are appended and acked: they were received.
-        await self._drain_pending()
+                await sub.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
+        # Messages already buffered are appended and acked: they were received.
+        if sub is not None:
+            while batch := sub.take_batch(self._config.ingest_batch_records_max,
+                                          self._config.ingest_batch_bytes_max):
+                await self._append_messages(batch)
         await self._sync_now()
         self._checkpoint()
 
-    async def _drain_pending(self) -> None:
-        if self._sub is None:
-            return
-        queue: asyncio.Queue[Any] = self._sub._pending_queue
-        while not queue.empty():
-            await self._append_messages(self._take_batch(queue.get_nowait(), queue))
-        await self._sync_now()
+    @property
+    def dropped(self) -> int:
+        """Messages the subscription dropped because ingest fell behind (never acked)."""
+        return self._sub.dropped if self._sub is not None else 0
 
     # -- ingest -------------------------------------------------------------------------------
 
     async def _ingest_loop(self) -> None:
-        # nats-py keeps a subscription without a callback in a bounded asyncio.Queue; reading
-        # it directly lets one wake-up take everything that arrived (one batch, one append).
-        queue: asyncio.Queue[Any] = self._sub._pending_queue
-        while True:
-            first = await queue.get()
-            await self._wait_for_room()
-            await self._append_messages(self._take_batch(first, queue))
-
-    def _take_batch(self, first: Any, queue: asyncio.Queue[Any]) -> list[Any]:
-        msgs = [first]
-        size = len(first.data)
+        assert self._sub is not None
+        sub = self._sub
         records_max = self._config.ingest_batch_records_max
         bytes_max = self._config.ingest_batch_bytes_max
-        while len(msgs) < records_max and size < bytes_max:
-            try:
-                msg = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                break
-            msgs.append(msg)
-            size += len(msg.data)
-        # nats-py counts pending bytes for its slow-consumer limit; give them back.
-        self._sub._pending_size = max(0, self._sub._pending_size - size)
-        return msgs
+        while True:
+            await self._wait_for_room()
+            batch = await sub.next_batch(records_max, bytes_max)
+            if batch:
+                await self._append_messages(batch)
 
     async def _wait_for_room(self) -> None:
         limit = self._config.ingest_inflight_batches_max
@@ -178,23 +160,24 @@ class PartitionLeader:
             await self._room.wait_for(
                 lambda: len(self._unsynced) + len(self._uncommitted) < limit)
 
-    async def _append_messages(self, msgs: list[Any]) -> None:
+    async def _append_messages(self, msgs: list[NatsMsg]) -> None:
         records: list[Record] = []
         # (index in records, inbox, correlation id, policy, batch ack) of messages to ack
         targets: list[tuple[int, str, str | None, AckPolicy, bool]] = []
         default_policy = self.stream.ack_policy
         max_bytes = self.stream.max_message_bytes
         errors: list[tuple[str, str | None, JetstreamError]] = []
-        for msg in msgs:
-            data = msg.data
-            envelope = decode_envelope(data) if is_envelope(data) else None
+        # The hot loop of ingest: plain tuples, locals, no calls a message can do without.
+        new_record = tuple.__new__
+        for subject, reply, nats_headers, data in msgs:
+            envelope = decode_envelope(data) if data.startswith(ENVELOPE_PREFIX) else None
             if envelope is None:
-                value, key, corr, inbox = data, None, None, msg.reply
-                headers = _nats_headers(msg.headers)
+                value, key, corr, inbox = data, None, None, reply
+                headers = _nats_headers(nats_headers) if nats_headers else NO_HEADERS
                 policy, batch_ack = default_policy, False
             else:
                 value, key, corr = envelope.value, envelope.key, envelope.correlation_id
-                inbox = envelope.ack_inbox or msg.reply
+                inbox = envelope.ack_inbox or reply
                 headers = envelope.headers
                 policy = envelope.ack_policy or default_policy
                 batch_ack = envelope.batch_ack
@@ -203,9 +186,9 @@ class PartitionLeader:
                     errors.append((inbox, corr, RecordTooLarge(len(value), max_bytes)))
                 self.metrics.errors += 1
                 continue
-            if inbox and policy is not AckPolicy.NONE:
+            if inbox and policy is not _NO_ACK:
                 targets.append((len(records), inbox, corr, policy, batch_ack))
-            records.append(Record(value, key, headers, msg.subject))
+            records.append(new_record(Record, (value, key, headers, subject, None)))
         if errors:
             await self._publish_errors(errors)
         if not records:
@@ -319,13 +302,13 @@ class PartitionLeader:
             self._room.notify_all()
 
     async def _publish_acks(self, acks: list[tuple[str, bytes]]) -> None:
-        await publish_many(self._nc, acks)
+        await self._nats.publish_many(acks)
         self.metrics.acked += len(acks)
 
     async def _publish_errors(self, errors: list[tuple[str, str | None, JetstreamError]]) -> None:
         stream, partition = self.stream.name, self.state.partition
         with contextlib.suppress(Exception):
-            await publish_many(self._nc, [
+            await self._nats.publish_many([
                 (inbox, ack_codec.encode_error_ack(stream, partition, corr, exc))
                 for inbox, corr, exc in errors])
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -78,13 +78,13 @@ crc32c = _crc32c.crc32c
 NO_HEADERS: Mapping[str, bytes] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A record to append. `timestamp_ms` None means: stamp it with the log's clock."""
+class Record(NamedTuple):
+    """A record to append. `timestamp_ms` None means: stamp it with the log's clock.
+    (A named tuple: the broker builds one per message it ingests.)"""
 
     value: bytes
     key: bytes | None = None
-    headers: Mapping[str, bytes] = field(default_factory=dict)
+    headers: Mapping[str, bytes] = NO_HEADERS
     subject: str = ""
     timestamp_ms: int | None = None
 

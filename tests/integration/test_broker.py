@@ -12,12 +12,14 @@ import base64
 import json
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import nats
 import pytest
 from nats.aio.client import Client as Nats
 
+import jetstream
 from jetstream.client import BrokerConnection, Client
 from jetstream.errors import (
     InvalidStreamConfig,
@@ -113,6 +115,31 @@ async def test_envelope_over_plain_nats_is_unpacked_and_acked(js: Client, nc: Na
         "correlation_id": "c-1", "ack_policy": "leader"}
     (msg,) = (await js.fetch("wrapped")).messages
     assert (msg.value, msg.key, dict(msg.headers)) == (b"inner", b"k", {"a": b"1"})
+
+
+async def test_the_nats_py_ingest_path_stores_and_acks_the_same(
+        tmp_path: Path, nats_url: str, nc: Nats) -> None:
+    # The fallback for NATS setups the fast client does not speak (TLS, creds).
+    broker = BrokerProcess(tmp_path / "nats-py-broker", nats_url,
+                           extra_args=("--nats-client", "nats-py")).start()
+    try:
+        async with jetstream.connect(broker.address) as client:
+            await client.create_stream("viapy", "viapy")
+            plain = await nc.request("viapy", b"raw", headers={"X-Trace": "t"},
+                                     timeout=DEADLINE_S)
+            wrapped = await nc.request("viapy", encode_envelope(b"inner", key=b"k",
+                                                                correlation_id="c-9"),
+                                       timeout=DEADLINE_S)
+            acks = await client.publish_batch([("viapy", b"b%d" % i) for i in range(50)])
+            assert json.loads(plain.data)["offset"] == 0
+            assert json.loads(wrapped.data)["correlation_id"] == "c-9"
+            assert [a.offset for a in acks] == list(range(2, 52))
+            messages = (await client.fetch("viapy")).messages
+            assert (messages[0].value, dict(messages[0].headers)) == (b"raw", {"X-Trace": b"t"})
+            assert (messages[1].value, messages[1].key) == (b"inner", b"k")
+            assert len(messages) == 52
+    finally:
+        broker.stop()
 
 
 async def test_oversize_plain_message_gets_an_error_ack(js: Client, nc: Nats) -> None:
