@@ -5,9 +5,9 @@ Theory of operation
   broker's ingest does minus the log: take every message of `bench.in` in batches and publish
   one ack per message to its reply subject, in batches.
   - nats-py: a subscription without a callback; its private `_pending_queue` is drained in
-    batches (giving back `_pending_size`, as `partition.py` does) and the acks go out through
-    `jetstream.server.nats_out.publish_many` (PUBs built in one bytes, queued with nats-py's
-    `_send_command`): the broker's code path today.
+    batches (giving back `_pending_size`, as the broker's fallback does) and the acks go out
+    through `jetstream.server.nats_port.NatsPyNats.publish_many` (PUBs built in one bytes,
+    queued with nats-py's `_send_command`): the broker's nats-py fallback path.
   - ingest: `sub.next_batch()` + `conn.publish_many()` + `await conn.drain()`.
 - One publisher process (nats-py, raw `nc.publish(subject, payload, reply=...)`, 200k x
   128 B). Nobody subscribes to the ack subjects: the measurement is the subscriber process.
@@ -49,7 +49,7 @@ import nats
 
 from jetstream.natsd import NatsServer
 from jetstream.server.nats_ingest import connect as ingest_connect
-from jetstream.server.nats_out import publish_many as nats_py_publish_many
+from jetstream.server.nats_port import NatsPyNats
 
 SUBJECT = "bench.in"
 ACK_SUBJECT_PREFIX = "bench.ack"
@@ -166,7 +166,7 @@ async def nats_py_side(url: str, count: int, mode: str) -> Run:
                 size += len(msg.data)
             sub._pending_size = max(0, sub._pending_size - size)
             received += len(msgs)
-            await nats_py_publish_many(nc, [(msg.reply, ACK) for msg in msgs])
+            await NatsPyNats(nc).publish_many([(msg.reply, ACK) for msg in msgs])
         await nc.flush(timeout=60)
         clock.stop()
         return received
