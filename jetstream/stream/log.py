@@ -545,6 +545,18 @@ class Log:
         with self._lock:
             return self.epochs.end_offset_for_epoch(epoch, self.log_end_offset)
 
+    def start_leader_epoch(self, epoch: int) -> None:
+        """This replica becomes leader at `epoch`: record that the epoch starts at the LEO
+        now, before anything is appended in it, so followers asking where the previous epoch
+        ended get this LEO (Kafka does the same on becoming leader)."""
+        with self._lock:
+            self._check_open()
+            latest = self.epochs.latest_epoch
+            if epoch < latest:
+                raise StaleLeaderEpoch(epoch, latest)
+            if epoch > latest:
+                self.epochs.assign(epoch, self.log_end_offset)
+
     # -- truncation and retention ---------------------------------------------------------------
 
     def truncate_to(self, offset: int) -> None:

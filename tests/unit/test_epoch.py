@@ -362,3 +362,19 @@ def test_log_rebuild_over_a_damaged_trusted_batch(tmp_path: Path, at: int, bit: 
         log.append([fmt.Record(b"x")], 5)
         assert pairs(log.epochs) == [(0, 0), (2, 10), (5, 12)]
     assert reloaded(tmp_path) == [(0, 0), (2, 10), (5, 12)]
+
+
+def test_a_new_leader_epoch_starts_at_the_log_end_offset_before_any_append(
+        tmp_path: Path) -> None:
+    with Log(tmp_path / "p") as log:
+        log.append([fmt.Record(b"a"), fmt.Record(b"b")], leader_epoch=0)
+        log.start_leader_epoch(3)
+        assert log.end_offset_for_epoch(0).end_offset == 2
+        assert (log.end_offset_for_epoch(3).epoch, log.end_offset_for_epoch(3).end_offset) == (
+            3, 2)
+        log.start_leader_epoch(3)  # idempotent
+        with pytest.raises(StaleLeaderEpoch):
+            log.start_leader_epoch(2)
+        log.append([fmt.Record(b"c")], leader_epoch=3)
+    with Log(tmp_path / "p") as again:
+        assert [(e.epoch, e.start_offset) for e in again.epochs.entries] == [(0, 0), (3, 2)]
