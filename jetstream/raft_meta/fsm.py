@@ -136,7 +136,11 @@ class MetadataState:
         if command.leader not in state.isr:
             raise InvalidStreamConfig(
                 f"broker {command.leader} is not in the ISR {list(state.isr)}", field="leader")
-        new = replace(state, leader=command.leader, leader_epoch=state.leader_epoch + 1)
+        # The old leader leaves the ISR (it failed, or is handing over): the new leader's HW
+        # must not wait for it. It rejoins as a follower once caught up.
+        isr = tuple(b for b in state.isr if b != state.leader or b == command.leader)
+        new = replace(state, leader=command.leader, isr=isr,
+                      leader_epoch=state.leader_epoch + 1)
         self.partitions[(command.stream, command.partition)] = new
         return new
 

@@ -1,0 +1,104 @@
+"""The metadata leader's failover decisions, as a pure class.
+
+Theory of operation: followers that get no answer from their partition leader for
+`replica_leader_timeout_ms` report it to the metadata leader (`on_report`). The metadata
+leader also knows which brokers are connected to the Raft group (`on_broker_seen`). A
+partition's leader is replaced when a majority of its in-sync followers reported it within
+`report_window_ms` for the current leader epoch, or when its broker has not been seen for
+`broker_timeout_ms`. The new leader comes from the ISR only (every ISR member holds every
+committed record), never from outside it; the failed leader leaves the ISR. Decisions are
+`ChangeLeader` commands, compare-and-set on the epoch the reports were about, so a decision
+made on stale state is refused by the state machine rather than applied.
+
+Time comes in as `now_ms`; nothing here does IO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jetstream.raft_meta.fsm import ChangeLeader, MetadataState
+from jetstream.raft_meta.model import PartitionState
+
+#: Most partitions with reports kept at once; older reports go first.
+REPORTS_MAX = 100_000
+
+
+@dataclass(slots=True)
+class _Reports:
+    leader_epoch: int
+    reporters: dict[int, int] = field(default_factory=dict)  # broker id -> time reported
+
+
+class FailoverController:
+    def __init__(self, *, report_window_ms: int, broker_timeout_ms: int) -> None:
+        self.report_window_ms = report_window_ms
+        self.broker_timeout_ms = broker_timeout_ms
+        self._reports: dict[tuple[str, int], _Reports] = {}
+        self._last_seen: dict[int, int] = {}
+        #: Partitions a decision was made for, by epoch: not decided twice.
+        self._decided: dict[tuple[str, int], int] = {}
+
+    def on_broker_seen(self, broker_id: int, now_ms: int) -> None:
+        self._last_seen[broker_id] = now_ms
+
+    def on_report(self, stream: str, partition: int, leader_epoch: int, reporter: int,
+                  now_ms: int) -> None:
+        """Broker `reporter` gets no answer from the leader of `stream/partition` at
+        `leader_epoch`."""
+        key = (stream, partition)
+        reports = self._reports.get(key)
+        if reports is None or reports.leader_epoch < leader_epoch:
+            if len(self._reports) >= REPORTS_MAX:
+                self._reports.pop(next(iter(self._reports)))
+            reports = self._reports[key] = _Reports(leader_epoch)
+        if reports.leader_epoch == leader_epoch:
+            reports.reporters[reporter] = now_ms
+
+    def decide(self, state: MetadataState, now_ms: int) -> list[ChangeLeader]:
+        """Leader changes to propose now."""
+        decisions = []
+        for key, partition in state.partitions.items():
+            if self._decided.get(key) == partition.leader_epoch:
+                continue
+            if self._leader_failed(partition, now_ms):
+                new_leader = self.choose_leader(partition, now_ms)
+                if new_leader is not None:
+                    decisions.append(ChangeLeader(partition.stream, partition.partition,
+                                                  partition.leader_epoch, new_leader))
+                    self._decided[key] = partition.leader_epoch
+        return decisions
+
+    def _leader_failed(self, partition: PartitionState, now_ms: int) -> bool:
+        if not self._alive(partition.leader, now_ms):
+            return True
+        reports = self._reports.get((partition.stream, partition.partition))
+        if reports is None or reports.leader_epoch != partition.leader_epoch:
+            return False
+        followers = [b for b in partition.isr if b != partition.leader]
+        recent = [b for b in followers
+                  if now_ms - reports.reporters.get(b, -10**18) <= self.report_window_ms]
+        return bool(followers) and len(recent) * 2 > len(followers)
+
+    def _alive(self, broker_id: int, now_ms: int) -> bool:
+        seen = self._last_seen.get(broker_id)
+        # A broker never seen since this controller started gets a grace period from the
+        # first decision: the metadata leader may just have been elected.
+        if seen is None:
+            self._last_seen[broker_id] = now_ms
+            return True
+        return now_ms - seen <= self.broker_timeout_ms
+
+    def choose_leader(self, partition: PartitionState, now_ms: int) -> int | None:
+        """The next leader: an ISR member other than the failed leader, alive, in the
+        order of the replica list (the preferred replicas first). None when there is none:
+        the partition stays unavailable rather than lose committed records."""
+        for broker in partition.replicas:
+            if broker != partition.leader and broker in partition.isr and self._alive(
+                    broker, now_ms):
+                return broker
+        return None
+
+    def forget(self, stream: str, partition: int) -> None:
+        self._reports.pop((stream, partition), None)
+        self._decided.pop((stream, partition), None)
