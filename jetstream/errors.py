@@ -326,3 +326,23 @@ class NoStreamForSubject(JetstreamError):
     def __init__(self, subject: str) -> None:
         super().__init__(f"no stream reads subject {subject!r}: the message was not stored",
                          subject=subject)
+
+
+# -- metadata ----------------------------------------------------------------------------------
+
+
+class MetadataUnavailable(JetstreamError):
+    """The metadata Raft group could not commit a proposal in time: no leader (an election is
+    under way, or too few brokers are up to form a majority), leadership moved while the
+    proposal was in flight, the proposal queue is full, or this broker's metadata is closed.
+    `reason` says which. Retry after a short wait. When `reason` is "timeout" or
+    "unknown_outcome" the command may still have been applied: re-read the metadata before
+    deciding again (if it was, a repeated create answers "existed", a repeated delete
+    UNKNOWN_STREAM and a repeated leader or ISR change STALE_METADATA_EPOCH)."""
+
+    code = "METADATA_UNAVAILABLE"
+    retriable = True
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"metadata unavailable ({reason})" + (f": {detail}" if detail else ""),
+                         reason=reason, detail=detail)
