@@ -62,7 +62,7 @@ from jetstream.protocol import messages as m
 from jetstream.protocol import names
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.protocol.frames import MiB
-from jetstream.stream.format import BatchFormatError, decode_batches
+from jetstream.stream.format import BatchFormatError, decode_batches_as
 
 _T = TypeVar("_T")
 
@@ -542,15 +542,13 @@ async def _fetch_once(conn: BrokerConnection, request: m.FetchRequest) -> FetchR
     response, payload = await conn.fetch(request)
     stream, partition, offset = request.stream, request.partition, request.offset
     try:
-        records = decode_batches(payload, min_offset=offset)
+        messages = decode_batches_as(payload, Message, (stream, partition), min_offset=offset)
     except BatchFormatError as exc:
         raise CorruptRecord(f"fetch of {stream}/{partition} at {offset} from broker "
                             f"{conn.address}: {exc}") from None
     hw = response.high_watermark
-    if records and records[-1].offset >= hw:  # never hand out what is not committed
-        records = [r for r in records if r.offset < hw]
-    make = Message.from_record
-    messages = [make(stream, partition, r) for r in records]
+    if messages and messages[-1].offset >= hw:  # never hand out what is not committed
+        messages = [msg for msg in messages if msg.offset < hw]
     next_offset = messages[-1].offset + 1 if messages else offset
     if payload and response.next_offset > next_offset:
         next_offset = response.next_offset  # a batch whose records below `offset` were skipped

@@ -121,23 +121,24 @@ class StreamInfo:
 
 
 class Message(NamedTuple):
-    """A committed message of a stream partition. (A named tuple: a catch-up read builds
-    hundreds of thousands a second.)"""
+    """A committed message of a stream partition. (A named tuple, decoded straight from the
+    fetched record batches: a catch-up read builds hundreds of thousands a second.)"""
 
     stream: str
     partition: int
     offset: int
     timestamp_ms: int
-    key: bytes | None
     value: bytes
+    key: bytes | None
     headers: Mapping[str, bytes]
     #: The NATS subject the message arrived on ("" for messages appended over HTTP).
     subject: str
+    #: The epoch of the leader that appended it.
+    leader_epoch: int
 
     @classmethod
     def from_record(cls, stream: str, partition: int, record: StoredRecord) -> Message:
-        return tuple.__new__(cls, (stream, partition, record.offset, record.timestamp_ms,
-                                   record.key, record.value, record.headers, record.subject))
+        return tuple.__new__(cls, (stream, partition, *record))
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,9 +88,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pysyncobj import FAIL_REASON, HAS_CRYPTO, SyncObj, SyncObjConf, SyncObjConsumer, replicated
-
 from jetstream.errors import InvalidConfig, JetstreamError, MetadataUnavailable, ProtocolError
+from jetstream.raft_meta._pysyncobj import (
+    FAIL_REASON,
+    HAS_CRYPTO,
+    SyncObj,
+    SyncObjConf,
+    SyncObjConsumer,
+    replicated,
+)
 from jetstream.raft_meta.fsm import (
     ChangeIsr,
     ChangeLeader,

@@ -38,7 +38,7 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import crc32c as _crc32c
 
@@ -73,6 +73,7 @@ U16_MAX = 0xFFFF
 U32_MAX = 0xFFFFFFFF
 
 crc32c = _crc32c.crc32c
+_T = TypeVar("_T", bound=tuple[Any, ...])
 
 #: The headers of every record that has none (read-only, shared).
 NO_HEADERS: Mapping[str, bytes] = MappingProxyType({})
@@ -280,12 +281,22 @@ def decode_records(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
 ) -> list[StoredRecord]:
     """Decode the records of the batch at `pos`. Call `verify_crc` first on untrusted bytes."""
+    return decode_records_as(buf, pos, header, StoredRecord, ())
+
+
+def decode_records_as(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, cls: type[_T],
+    prefix: tuple[Any, ...],
+) -> list[_T]:
+    """Decode the records of the batch at `pos` straight into `cls`, a named tuple whose
+    fields are `prefix`'s then StoredRecord's (a client's message type: no second object per
+    record)."""
     end = pos + header.size
     if isinstance(buf, bytes):
         data = buf
     else:  # slicing bytes is the cheapest way to cut values out: copy this batch once
         data, pos, end = bytes(buf[pos:end]), 0, header.size
-    out: list[StoredRecord] = []
+    out: list[_T] = []
     append = out.append
     base = header.base_offset
     first_ts = header.first_timestamp
@@ -322,8 +333,8 @@ def decode_records(
             headers = decoded
         if p != rec_end:
             raise BatchFormatError("record length does not match its fields")
-        append(new(StoredRecord, (base + delta, first_ts + ts_delta, value, key, headers,
-                                  subject, epoch)))
+        append(new(cls, (*prefix, base + delta, first_ts + ts_delta, value, key, headers,
+                         subject, epoch)))
     if p != end:
         raise BatchFormatError("batch length does not match its records")
     return out
@@ -347,13 +358,22 @@ def decode_batches(
 ) -> list[StoredRecord]:
     """Decode every whole batch in `buf` (a fetch response), dropping records below
     `min_offset` (a fetch starts at the batch holding the requested offset)."""
-    out: list[StoredRecord] = []
+    return decode_batches_as(buf, StoredRecord, (), min_offset=min_offset, verify=verify)
+
+
+def decode_batches_as(
+    buf: bytes | bytearray | memoryview, cls: type[_T], prefix: tuple[Any, ...], *,
+    min_offset: int = 0, verify: bool = True,
+) -> list[_T]:
+    """`decode_batches` into `cls` (see `decode_records_as`)."""
+    out: list[_T] = []
+    skip = len(prefix)  # where the offset sits in `cls`
     for pos, header in iter_batches(buf, verify=verify):
         if header.last_offset < min_offset:
             continue
-        records = decode_records(buf, pos, header)
+        records = decode_records_as(buf, pos, header, cls, prefix)
         if header.base_offset < min_offset:
-            records = [r for r in records if r.offset >= min_offset]
+            records = [r for r in records if r[skip] >= min_offset]
         out.extend(records)
     return out
 

@@ -410,3 +410,12 @@ async def test_propose_latency(cluster: Cluster, capsys: pytest.CaptureFixture[s
                        f"p99 {quantiles[98]:.2f} ms, max {max(latencies):.2f} ms")
         assert len(latencies) == 200
     assert (await cluster.converged())["version"] == 3 + 400
+
+
+def test_importing_the_raft_store_leaves_socket_inet_ntop_working() -> None:
+    # pysyncobj swaps in a Windows-only inet_ntop on import; jetstream puts the real one back.
+    import socket
+
+    import jetstream.raft_meta.raft  # noqa: F401
+
+    assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"

@@ -80,8 +80,10 @@ def test_brokers_from_flag_then_environment() -> None:
 
 def test_messages_render_text_or_base64() -> None:
     ts = int(datetime(2024, 5, 1, 12, 0, 0, 123000, UTC).timestamp() * 1000)
-    text = Message("s", 0, 7, ts, b"k", b"a\tb\nc", {"h": b"v", "bin": b"\xff"}, "s.x")
-    binary = Message("s", 0, 8, ts, b"\xfe", b"\x00\xff", {}, "s.x")
+    text = Message("s", 0, 7, ts, key=b"k", value=b"a\tb\nc",
+                   headers={"h": b"v", "bin": b"\xff"}, subject="s.x", leader_epoch=0)
+    binary = Message("s", 0, 8, ts, key=b"\xfe", value=b"\x00\xff", headers={},
+                     subject="s.x", leader_epoch=0)
     assert message_text(text) == "7  2024-05-01T12:00:00.123Z  k  a\\tb\\nc"
     assert message_text(binary) == "8  2024-05-01T12:00:00.123Z  base64:/g==  base64:AP8="
     assert message_json(text) == {
