@@ -343,11 +343,17 @@ class PartitionLeader:
         checkpoint_s = self._config.checkpoint_interval_ms / 1000
         retention_s = self._config.retention_check_ms / 1000
         next_retention = time.monotonic() + retention_s
+        # The INTERVAL policy's fsyncs run here, in a thread (appends pass sync=False).
+        interval_s = (self.stream.fsync_interval_ms / 1000
+                      if self.stream.fsync is FsyncPolicy.INTERVAL else checkpoint_s)
+        next_checkpoint = time.monotonic() + checkpoint_s
         while True:
-            await asyncio.sleep(checkpoint_s)
-            await loop.run_in_executor(self._executor, self._checkpoint)
-            if not self._always:
+            await asyncio.sleep(min(interval_s, checkpoint_s))
+            if self.stream.fsync is FsyncPolicy.INTERVAL:
                 await loop.run_in_executor(self._executor, self.log.maybe_sync)
+            if time.monotonic() >= next_checkpoint:
+                next_checkpoint = time.monotonic() + checkpoint_s
+                await loop.run_in_executor(self._executor, self._checkpoint)
             if time.monotonic() >= next_retention:
                 next_retention = time.monotonic() + retention_s
                 deleted = await loop.run_in_executor(

@@ -307,8 +307,9 @@ class Log:
     def append(self, records: Sequence[fmt.Record], leader_epoch: int, *,
                sync: bool = True) -> AppendInfo:
         """Append `records` as one batch (the leader's path). With the ALWAYS policy the call
-        returns once the batch is fsynced, unless `sync` is False: the caller then calls
-        `sync_through` itself (from a thread, to overlap fsync with the next batch)."""
+        returns once the batch is fsynced, with INTERVAL it fsyncs when the interval has
+        passed; unless `sync` is False: the caller then calls `sync_through` / `maybe_sync`
+        itself (from a thread, so an event loop never waits on the disk)."""
         cfg = self.config
         if not records:
             raise ValueError("append needs at least one record")
@@ -431,7 +432,7 @@ class Log:
         if policy is FsyncPolicy.ALWAYS:
             if sync:
                 self.sync_through(end_offset)
-        elif policy is FsyncPolicy.INTERVAL:
+        elif policy is FsyncPolicy.INTERVAL and sync:
             self.maybe_sync()
 
     def maybe_sync(self) -> None:

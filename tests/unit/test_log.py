@@ -718,6 +718,18 @@ def test_fsync_interval(tmp_path: Path, clock: Clock, monkeypatch: pytest.Monkey
     log.close()
 
 
+def test_fsync_interval_without_sync_leaves_the_fsync_to_the_caller(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = make(tmp_path, clock, fsync=FsyncPolicy.INTERVAL, fsync_interval_ms=1000)
+    spy = FsyncSpy(monkeypatch)
+    clock.now += 5000
+    log.append([fmt.Record(b"x")], 0, sync=False)  # an event loop must not wait on the disk
+    assert spy.of_logs() == [] and log.durable_offset == 0
+    log.maybe_sync()  # the caller's timer, in a thread
+    assert spy.of_logs() == [f"{0:020d}.log"] and log.durable_offset == 1
+    log.close()
+
+
 def test_fsync_interval_syncs_segments_when_they_roll(tmp_path: Path, clock: Clock,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     log = make(tmp_path, clock, fsync=FsyncPolicy.INTERVAL, segment_bytes_max=4096)
