@@ -47,7 +47,7 @@ from jetstream.protocol import messages as m
 from jetstream.raft_meta.fsm import Command, CreateStream, DeleteStream, RegisterBroker
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
-from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.raft_meta.raft import RaftMetadata, StateRestored
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.follower import PartitionFollower
@@ -193,7 +193,7 @@ class Broker:
         assert self._metadata is not None, "broker not started"
         return self._metadata
 
-    def _on_metadata_change(self, command: Command, result: Any) -> None:
+    def _on_metadata_change(self, command: Command | StateRestored, result: Any) -> None:
         if not self._roles_enabled:
             return
         task = asyncio.get_running_loop().create_task(self.reconcile())
