@@ -245,3 +245,21 @@ async def test_restarted_leader_truncates_its_divergent_suffix(
         broker.stop()
     copies = {b.broker_id: replica_bytes(b, len(values)) for b in cluster}
     assert len(set(copies.values())) == 1, "the old leader kept a divergent suffix"
+
+
+async def test_graceful_stop_hands_leadership_over(cluster: list[BrokerProcess]) -> None:
+    state = await create_stream(cluster[0])
+    await publish_acked(cluster, [b"a"])
+    old = by_id(cluster, state["leader"])
+    assert old.stop() == 0  # SIGTERM: hands over, then leaves
+    survivor = next(b for b in cluster if b.running)
+
+    async def handed_over() -> dict[str, Any] | None:
+        s = await partition_state(survivor)
+        return s if s["leader"] not in (old.broker_id, -1) else None
+
+    # Faster than a failover, which waits broker_timeout_ms (2 s here) to notice a loss.
+    moved = await eventually(handed_over, "leadership handed over on SIGTERM", 1.5)
+    assert moved["leader"] == next(r for r in state["replicas"] if r != old.broker_id)
+    await publish_acked(cluster, [b"b"])
+    assert await read_through(by_id(cluster, moved["leader"]), b"b") == [b"a", b"b"]
