@@ -172,7 +172,9 @@ class Broker:
             await self._http.stop()
         async with self._reconcile_lock:
             for key in list(self._leaders):
-                await self._stop_leader(key)
+                # In a cluster, leadership was handed over (or could not be): appending
+                # what is still buffered would only grow a suffix the next leader lacks.
+                await self._stop_leader(key, abdicate=self._cluster is not None)
             for key in list(self._followers):
                 await self._stop_follower(key)
             for key in list(self._logs):
