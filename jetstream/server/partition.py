@@ -20,8 +20,9 @@ Theory of operation
 - Replication (cluster mode, `replication` given): the leader owns an isr.LeaderState. The
   HW is what that core decides from the leader's durable LEO and the followers' fetch
   offsets; its ISR proposals go to the metadata through `replication.propose_isr` (a task
-  each; the broker reports their outcome back with `on_proposal_failed` and, through
-  `on_metadata`, `on_isr_committed`), and a tick every TICK_MS lets it shrink the ISR of
+  each, proposing again while the outcome is unknown; a refusal ends in
+  `on_proposal_failed`, a commit in `on_isr_committed`, also when the broker's metadata
+  listener sees it first, through `on_metadata`), and a tick every TICK_MS lets it shrink the ISR of
   followers that stopped fetching. Followers fetch uncommitted records up to the LEO
   (`replica_fetch`), long-polling on appends. While the ISR is smaller than min_isr, `all`
   publishes are refused with NOT_ENOUGH_REPLICAS and not appended. A leader that loses
@@ -72,6 +73,8 @@ _NO_ACK = AckPolicy.NONE
 _ALL = AckPolicy.ALL
 #: How often the ISR core is ticked (lagging followers are noticed at this resolution).
 TICK_MS = 100
+#: Wait before proposing an ISR change again after its outcome was unknown (a timeout).
+PROPOSE_RETRY_MS = 500
 
 
 def now_ms() -> int:
@@ -139,6 +142,7 @@ class PartitionLeader:
         self._room = asyncio.Condition()
         self._sub: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._proposals: set[asyncio.Task[None]] = set()
         self._checkpointed_hw = -1
         self._stopping = False
 
@@ -193,6 +197,8 @@ class PartitionLeader:
         self._checkpoint()
 
     async def _cancel_tasks(self) -> None:
+        for task in list(self._proposals):
+            task.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -422,15 +428,29 @@ class PartitionLeader:
             elif isinstance(decision, ProposeIsr):
                 task = asyncio.create_task(self._propose_isr(decision))
                 task.add_done_callback(_log_task_failure)
+                self._proposals.add(task)
+                task.add_done_callback(self._proposals.discard)
         if hw > self.high_watermark or acks:
             await self._advance_high_watermark(hw, acks if acks is not None else [])
 
     async def _propose_isr(self, decision: ProposeIsr) -> None:
-        assert self._replication is not None and self.isr is not None
+        """Propose until the outcome is known. An unknown outcome (a timeout) is settled by
+        proposing the same ISR again: the compare-and-set is on the epoch only, so a copy
+        applied after the first changes nothing."""
+        isr, replication = self.isr, self._replication
+        assert replication is not None and isr is not None
         log.info("%s: proposing ISR %s (%s)", self.name, decision.isr, decision.reason)
-        outcome = await self._replication.propose_isr(decision)
-        if outcome is False and not self._stopping and self.isr.pending_isr == decision.isr:
-            await self._apply(self.isr.on_proposal_failed())
+        while not self._stopping and isr.pending_isr == decision.isr:
+            outcome = await replication.propose_isr(decision)
+            if self._stopping or isr.pending_isr != decision.isr:
+                return  # settled meanwhile (the metadata listener saw it committed)
+            if outcome is None:
+                await asyncio.sleep(PROPOSE_RETRY_MS / 1000)
+            elif outcome:
+                # Committed, but the listener may not have run (or saw no change: a copy).
+                await self._apply(isr.on_isr_committed(decision.isr, decision.expected_epoch))
+            else:
+                await self._apply(isr.on_proposal_failed())
 
     def on_metadata(self, state: PartitionState) -> None:
         """The metadata changed this partition at the same leader epoch (an ISR change)."""
