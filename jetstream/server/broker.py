@@ -375,6 +375,13 @@ class Broker:
                  **({"nats_url": self.nats_url} if b.id == self.config.broker_id else {})}
                 for b in sorted(self.metadata.state.brokers.values(), key=lambda b: b.id)]
 
+    def metadata_status(self) -> dict[str, Any]:
+        """Who leads the metadata (this broker, alone), and in a cluster the Raft facts."""
+        if self._cluster is None:
+            return {"metadata_leader": self.config.broker_id}
+        status = self._cluster.metadata.status()
+        return {"metadata_leader": status["leader_broker_id"], "raft": status}
+
     def render_metrics(self) -> str:
         for leader in self._leaders.values():
             leader.metrics.dropped = leader.dropped

@@ -110,7 +110,7 @@ def build_app(broker: Broker) -> FastAPI:
 
     @app.get("/cluster")
     async def cluster() -> dict[str, Any]:
-        return {"brokers": broker.brokers(), "metadata_leader": broker.config.broker_id,
+        return {"brokers": broker.brokers(), **broker.metadata_status(),
                 "streams": broker.describe_streams()}
 
     @app.get("/streams")

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 
 import jetstream
@@ -142,6 +143,12 @@ async def _isr_size(broker: BrokerProcess, size: int) -> dict[str, Any] | None:
 
 
 async def test_replicate_fail_over_and_rejoin(cluster: list[BrokerProcess]) -> None:
+    # Every broker knows the same elected metadata leader.
+    async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        views = [(await http.get(f"{b.http_url}/cluster")).json() for b in cluster]
+    leaders = {view["metadata_leader"] for view in views}
+    assert len(leaders) == 1 and leaders <= {0, 1, 2}, views
+    assert sum(view["raft"]["role"] == "leader" for view in views) == 1, views
     # Created through a broker that does not necessarily lead anything; defaults: 3 / 2.
     state = await create_stream(cluster[2])
     assert sorted(state["replicas"]) == [0, 1, 2]
