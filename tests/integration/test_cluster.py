@@ -17,7 +17,7 @@ import pytest
 
 import jetstream
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import JetstreamError, NotEnoughReplicas
+from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas
 from jetstream.natsd import free_ports
 from jetstream.protocol import messages as m
 from jetstream.server.process import BrokerProcess
@@ -254,10 +254,25 @@ async def test_restarted_leader_truncates_its_divergent_suffix(
     assert len(set(copies.values())) == 1, "the old leader kept a divergent suffix"
 
 
+async def assert_fenced(leader: BrokerProcess, state: dict[str, Any]) -> None:
+    """A replica fetch under another leader epoch is refused with FENCED_LEADER_EPOCH."""
+    follower = next(r for r in state["replicas"] if r != leader.broker_id)
+    conn = BrokerConnection(leader.address, client_id="test")
+    await conn.open()
+    try:
+        with pytest.raises(FencedLeaderEpoch):
+            await conn.fetch(m.FetchRequest(STREAM, 0, 0, 1024, 0,
+                                            leader_epoch=state["leader_epoch"] + 1,
+                                            replica_id=follower, isolation="uncommitted"))
+    finally:
+        await conn.close()
+
+
 async def test_graceful_stop_hands_leadership_over(cluster: list[BrokerProcess]) -> None:
     state = await create_stream(cluster[0])
     await publish_acked(cluster, [b"a"])
     old = by_id(cluster, state["leader"])
+    await assert_fenced(old, state)
     assert old.stop() == 0  # SIGTERM: hands over, then leaves
     survivor = next(b for b in cluster if b.running)
 
