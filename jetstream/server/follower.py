@@ -68,6 +68,7 @@ class PartitionFollower:
         self._last_answer_s = time.monotonic()
         self._last_report_s = 0.0
         self._checkpoint_s = time.monotonic()
+        self._append_done: asyncio.Future[None] | None = None
 
     @property
     def name(self) -> str:
@@ -82,6 +83,11 @@ class PartitionFollower:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+        if self._append_done is not None:
+            # An append still running in its thread must land before the next role (a leader
+            # starting its epoch at the LEO) touches the log.
+            with contextlib.suppress(Exception):
+                await self._append_done
         await self._disconnect()
         self._checkpoint()
 
@@ -98,6 +104,9 @@ class PartitionFollower:
                     backoff_ms = BACKOFF_MS_MIN
             except (JetstreamError, OSError) as exc:
                 log.info("%s: following broker %d failed: %s", self.name, self.state.leader, exc)
+                await self._disconnect()
+            except Exception:  # a bug: keep following rather than leave the replica behind
+                log.exception("%s: follower failed", self.name)
                 await self._disconnect()
             await self._maybe_report()
             await asyncio.sleep(backoff_ms / 1000)
@@ -182,8 +191,9 @@ class PartitionFollower:
         response, payload = await conn.fetch(request)
         self._answered()
         if payload:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._append,
-                                                             payload)
+            self._append_done = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._append, payload)
+            await asyncio.shield(self._append_done)
         self.high_watermark = max(self.high_watermark,
                                   min(response.high_watermark, self.log.log_end_offset))
         self._maybe_checkpoint()
