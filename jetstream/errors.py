@@ -265,6 +265,22 @@ class InvalidStreamConfig(InvalidConfig):
         super().__init__(message, field=field)
 
 
+class FencedLeaderEpoch(JetstreamError):
+    """A replica fetched with a leader epoch that is not this leader's current one: one of
+    the two has stale metadata. The follower refreshes its metadata and fetches again under
+    the current epoch (or from the new leader)."""
+
+    code = "FENCED_LEADER_EPOCH"
+    retriable = True
+
+    def __init__(self, stream: str, partition: int, leader_epoch: int,
+                 current_epoch: int) -> None:
+        super().__init__(f"{stream!r} partition {partition} is at leader epoch "
+                         f"{current_epoch}, not {leader_epoch}", stream=stream,
+                         partition=partition, leader_epoch=leader_epoch,
+                         current_epoch=current_epoch)
+
+
 class NotEnoughReplicas(JetstreamError):
     """Fewer replicas are available than asked for: fewer live brokers than a new stream's
     replication factor, or an in-sync replica set smaller than the minimum an `all` ack needs.

@@ -99,6 +99,7 @@ class Op(enum.IntEnum):
     END_OFFSET_FOR_EPOCH = 8
     COMMIT_OFFSET = 9
     FETCH_OFFSET = 10
+    REPORT_LEADER_FAILURE = 11
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -31,6 +31,8 @@ fields, or into RemoteError when the code is unknown here.
     COMMIT_OFFSET         group, stream, partition, offset,     {}
                           metadata=""
     FETCH_OFFSET          group, stream, partition              offset (-1: none), metadata
+    REPORT_LEADER_FAILURE stream, partition, leader_epoch,      {}
+                          reporter
     stream = {name, subject, partitions: [{partition, leader (-1: none), leader_epoch,
               replicas: [int], isr: [int]}], ...any other keys, passed through}
 """
@@ -415,6 +417,25 @@ class FetchOffsetResponse(Response):
 
 
 @dataclass(frozen=True, slots=True)
+class ReportLeaderFailureRequest(Request):
+    """Broker `reporter`, a follower, gets no answer from the leader of `stream/partition` at
+    `leader_epoch`; sent to the metadata leader's broker, whose failover controller counts
+    it. Answered with an empty response (ignored by a broker that does not lead)."""
+
+    op: ClassVar[Op] = Op.REPORT_LEADER_FAILURE
+    stream: str
+    partition: int
+    leader_epoch: int
+    reporter: int
+
+    def __post_init__(self) -> None:
+        _stream(self.stream)
+        _int("partition", self.partition, 0, PARTITION_MAX)
+        _int("leader_epoch", self.leader_epoch, 0, EPOCH_MAX)
+        _int("reporter", self.reporter, 0, BROKER_ID_MAX)
+
+
+@dataclass(frozen=True, slots=True)
 class EmptyResponse(Response):
     """The answer of CREATE_STREAM, DELETE_STREAM and COMMIT_OFFSET: done."""
 
@@ -429,6 +450,7 @@ REQUEST_TYPES: Mapping[Op, type[Request]] = {
     Op.END_OFFSET_FOR_EPOCH: EndOffsetForEpochRequest,
     Op.COMMIT_OFFSET: CommitOffsetRequest,
     Op.FETCH_OFFSET: FetchOffsetRequest,
+    Op.REPORT_LEADER_FAILURE: ReportLeaderFailureRequest,
 }
 RESPONSE_TYPES: Mapping[Op, type[Response]] = {
     Op.FETCH: FetchResponse,
@@ -440,6 +462,7 @@ RESPONSE_TYPES: Mapping[Op, type[Response]] = {
     Op.END_OFFSET_FOR_EPOCH: EndOffsetForEpochResponse,
     Op.COMMIT_OFFSET: EmptyResponse,
     Op.FETCH_OFFSET: FetchOffsetResponse,
+    Op.REPORT_LEADER_FAILURE: EmptyResponse,
 }
 
 

@@ -8,7 +8,15 @@ stops the role (and deletes the data of a deleted stream). Reconciling is idempo
 after every metadata change. Requests from either API land in `handle` or in the stream
 methods here, so both APIs behave the same.
 
-Stopping (SIGTERM, SIGINT or `stop()`): stop accepting requests, stop ingest and finish the
+Cluster mode (`cluster` set; jetstream.server.cluster): the metadata is a RaftMetadata, and
+the broker takes roles only once it has caught up with the metadata leader and registered.
+Every partition whose replicas include this broker gets a role: PartitionLeader (with an ISR
+core) where it leads, PartitionFollower (jetstream.server.follower) elsewhere. A role whose
+leader or leader epoch changed is replaced (a deposed leader abdicates and becomes a
+follower on the same open log); an ISR change at the same epoch is passed to the leader.
+
+Stopping (SIGTERM, SIGINT or `stop()`): in cluster mode, first hand the partitions it leads
+over to in-sync followers; stop accepting requests, stop ingest and finish the
 acks of what was received, close the logs (clean recovery point), stop the embedded NATS.
 """
 
@@ -33,15 +41,19 @@ from jetstream.errors import (
     UnknownPartition,
     UnknownStream,
 )
+from jetstream.isr.leader import ProposeIsr
 from jetstream.natsd import NatsServer
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.fsm import Command, CreateStream, DeleteStream, RegisterBroker
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
+from jetstream.raft_meta.raft import RaftMetadata, StateRestored
+from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
+from jetstream.server.follower import PartitionFollower
 from jetstream.server.metrics import BrokerMetrics, PartitionMetrics, render
 from jetstream.server.nats_port import NatsPort, NatsPyNats, connect_nats
-from jetstream.server.partition import PartitionLeader
+from jetstream.server.partition import PartitionLeader, Replication
 from jetstream.server.socket_api import SocketApi
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.handles import HandlePool
@@ -62,8 +74,13 @@ class Broker:
         self.nats_url = ""
         self._nats_server: NatsServer | None = None
         self._nats: NatsPort | None = None
-        self._metadata: LocalMetadata | None = None
+        self._metadata: LocalMetadata | RaftMetadata | None = None
+        self._cluster: Cluster | None = None
+        self._roles_enabled = False
         self._leaders: dict[tuple[str, int], PartitionLeader] = {}
+        self._followers: dict[tuple[str, int], PartitionFollower] = {}
+        self._logs: dict[tuple[str, int], Log] = {}
+        self._failover_task: asyncio.Task[None] | None = None
         self._pool = HandlePool(config.open_files_max)
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetstream-io")
         self._stop = asyncio.Event()
@@ -107,7 +124,12 @@ class Broker:
                 pending_size=64 * 1024 * 1024, flusher_queue_size=16384))
         else:
             self._nats = await connect_nats(urls, name)
-        self._metadata = LocalMetadata(self.data_dir / "meta")
+        if self.config.cluster_members:
+            self._cluster = Cluster(self.config, self.data_dir / "meta")
+            self._metadata = self._cluster.metadata
+            self._metadata.add_listener(self._on_metadata_change)  # before any await
+        else:
+            self._metadata = LocalMetadata(self.data_dir / "meta")
         await self.socket_api.start()
         if self.config.http_port >= 0:
             from jetstream.server.http_api import HttpServer
@@ -116,9 +138,15 @@ class Broker:
             self.http_port = await self._http.start()
         me = BrokerInfo(self.config.broker_id, self.config.host, self.socket_api.port,
                         max(self.http_port, 0))
-        if self._metadata.state.brokers.get(me.id) != me:
-            await self._metadata.propose(RegisterBroker(me))
-        self._metadata.add_listener(self._on_metadata_change)
+        if self._cluster is not None:
+            await self._cluster.join(me)
+            self._failover_task = asyncio.create_task(self._cluster.failover_loop(),
+                                                      name="failover")
+        else:
+            if self._metadata.state.brokers.get(me.id) != me:
+                await self._metadata.propose(RegisterBroker(me))
+            self._metadata.add_listener(self._on_metadata_change)
+        self._roles_enabled = True
         await self.reconcile()
         write_atomic(self.data_dir / READY_FILE, json.dumps(self.describe_self()).encode())
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
@@ -131,11 +159,28 @@ class Broker:
     async def shutdown(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / READY_FILE).unlink()
+        if self._cluster is not None and self._roles_enabled:
+            await self._cluster.hand_over(sorted(self._leaders))
+        async with self._reconcile_lock:
+            self._roles_enabled = False
+        if self._failover_task is not None:
+            self._failover_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._failover_task
         await self.socket_api.stop()
         if self._http is not None:
             await self._http.stop()
-        for key in list(self._leaders):
-            await self._stop_leader(key, delete=False)
+        async with self._reconcile_lock:
+            for key in list(self._leaders):
+                # In a cluster, leadership was handed over (or could not be): appending
+                # what is still buffered would only grow a suffix the next leader lacks.
+                await self._stop_leader(key, abdicate=self._cluster is not None)
+            for key in list(self._followers):
+                await self._stop_follower(key)
+            for key in list(self._logs):
+                self._logs.pop(key).close()
+        if self._cluster is not None:
+            await self._cluster.close()
         if self._nats is not None:
             with contextlib.suppress(Exception):
                 await self._nats.close()
@@ -146,48 +191,119 @@ class Broker:
     # -- metadata and roles -----------------------------------------------------------------
 
     @property
-    def metadata(self) -> LocalMetadata:
+    def metadata(self) -> LocalMetadata | RaftMetadata:
         assert self._metadata is not None, "broker not started"
         return self._metadata
 
-    def _on_metadata_change(self, command: Command, result: Any) -> None:
+    def _on_metadata_change(self, command: Command | StateRestored, result: Any) -> None:
+        if not self._roles_enabled:
+            return
         task = asyncio.get_running_loop().create_task(self.reconcile())
         task.add_done_callback(_log_failure)
 
     async def reconcile(self) -> None:
         """Start or stop partition roles to match the metadata (idempotent)."""
         async with self._reconcile_lock:
+            if not self._roles_enabled:
+                return
             state = self.metadata.state
             me = self.config.broker_id
-            wanted = {key: p for key, p in state.partitions.items() if p.leader == me}
-            for key in list(self._leaders):
+            clustered = self._cluster is not None
+            wanted = {key: p for key, p in state.partitions.items()
+                      if p.leader == me or (clustered and me in p.replicas)}
+            await self._retire_roles(wanted)
+            for key in list(self._logs):
                 if key not in wanted:
-                    await self._stop_leader(key, delete=key[0] not in state.streams)
+                    log_ = self._logs.pop(key)
+                    if key[0] in state.streams:
+                        log_.close()
+                    else:
+                        log_.delete()
             for key, partition in wanted.items():
-                if key not in self._leaders:
+                if key in self._leaders or key in self._followers:
+                    continue
+                if partition.leader == me:
                     await self._start_leader(state.streams[key[0]], partition)
-            self._delete_orphan_logs({f"{s}-{p}" for s, p in state.partitions})
+                else:
+                    await self._start_follower(state.streams[key[0]], partition)
+            kept = wanted if clustered else state.partitions
+            self._delete_orphan_logs({f"{s}-{p}" for s, p in kept})
+
+    async def _retire_roles(self, wanted: dict[tuple[str, int], PartitionState]) -> None:
+        """Stop the roles the metadata no longer gives this broker as they are; pass ISR
+        changes on to the leaders that stay."""
+        me = self.config.broker_id
+        for key, leader in list(self._leaders.items()):
+            p = wanted.get(key)
+            if p is None or p.leader != me or p.leader_epoch != leader.state.leader_epoch:
+                await self._stop_leader(key, abdicate=p is not None)
+            elif p != leader.state:
+                leader.on_metadata(p)
+        for key, follower in list(self._followers.items()):
+            p = wanted.get(key)
+            if p is None or (p.leader, p.leader_epoch) != (follower.state.leader,
+                                                           follower.state.leader_epoch):
+                await self._stop_follower(key)
+            else:
+                follower.state = p
+
+    def _open_log(self, stream: StreamConfig, partition: int) -> Log:
+        key = (stream.name, partition)
+        log_ = self._logs.get(key)
+        if log_ is None:
+            log_ = self._logs[key] = Log(self._log_dir(stream.name, partition),
+                                         stream.log_config(), pool=self._pool)
+        return log_
 
     def _log_dir(self, stream: str, partition: int) -> Path:
         return self.data_dir / "logs" / f"{stream}-{partition}"
 
     async def _start_leader(self, stream: StreamConfig, partition: PartitionState) -> None:
-        log_ = Log(self._log_dir(stream.name, partition.partition), stream.log_config(),
-                   pool=self._pool)
+        log_ = self._open_log(stream, partition.partition)
         assert self._nats is not None
         leader = PartitionLeader(stream, partition, log_, self._nats, self.config,
-                                 self._executor, PartitionMetrics())
+                                 self._executor, PartitionMetrics(),
+                                 self._replication(stream.name, partition.partition))
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
         self._leaders[(stream.name, partition.partition)] = leader
+        log.info("leading %s/%d at epoch %d", stream.name, partition.partition,
+                 partition.leader_epoch)
 
-    async def _stop_leader(self, key: tuple[str, int], *, delete: bool) -> None:
+    def _replication(self, stream: str, partition: int) -> Replication | None:
+        cluster = self._cluster
+        if cluster is None:
+            return None
+
+        async def propose_isr(decision: ProposeIsr) -> bool | None:
+            return await cluster.propose_isr(stream, partition, decision)
+
+        return Replication(self.config.broker_id, self.config.replica_lag_ms_max, propose_isr)
+
+    async def _stop_leader(self, key: tuple[str, int], *, abdicate: bool = False) -> None:
         leader = self._leaders.pop(key)
-        await leader.stop()
-        if delete:
-            leader.log.delete()
+        if abdicate:
+            await leader.abdicate()
         else:
-            leader.log.close()
+            await leader.stop()
+
+    async def _start_follower(self, stream: StreamConfig, partition: PartitionState) -> None:
+        assert self._cluster is not None
+        follower = PartitionFollower(
+            stream, partition, self._open_log(stream, partition.partition), config=self.config,
+            executor=self._executor, address_of=self._address_of,
+            report_failure=self._cluster.report_leader_failure)
+        await follower.start()
+        self._followers[(stream.name, partition.partition)] = follower
+        log.info("following broker %d for %s/%d at epoch %d", partition.leader, stream.name,
+                 partition.partition, partition.leader_epoch)
+
+    async def _stop_follower(self, key: tuple[str, int]) -> None:
+        await self._followers.pop(key).stop()
+
+    def _address_of(self, broker_id: int) -> str | None:
+        info = self.metadata.state.brokers.get(broker_id)
+        return None if info is None else info.address
 
     def _delete_orphan_logs(self, kept: set[str]) -> None:
         logs = self.data_dir / "logs"
@@ -211,6 +327,15 @@ class Broker:
         raise NotLeader(stream, partition, p.leader, broker.address if broker else "")
 
     # -- stream operations (both APIs) --------------------------------------------------------
+
+    def stream_config(self, fields: dict[str, Any]) -> StreamConfig:
+        """A create request's config; in a cluster of 3+ brokers a stream is replicated 3
+        times with min_isr 2 unless the request says otherwise."""
+        if self._cluster is not None and self._cluster.size >= 3:
+            fields = {**fields}
+            fields.setdefault("replication_factor", 3)
+            fields.setdefault("min_isr", min(2, fields["replication_factor"]))
+        return StreamConfig.from_dict(fields)
 
     async def create_stream(self, config: StreamConfig) -> bool:
         """Create the stream; False when an identical one existed (idempotent)."""
@@ -250,6 +375,13 @@ class Broker:
                  **({"nats_url": self.nats_url} if b.id == self.config.broker_id else {})}
                 for b in sorted(self.metadata.state.brokers.values(), key=lambda b: b.id)]
 
+    def metadata_status(self) -> dict[str, Any]:
+        """Who leads the metadata (this broker, alone), and in a cluster the Raft facts."""
+        if self._cluster is None:
+            return {"metadata_leader": self.config.broker_id}
+        status = self._cluster.metadata.status()
+        return {"metadata_leader": status["leader_broker_id"], "raft": status}
+
     def render_metrics(self) -> str:
         for leader in self._leaders.values():
             leader.metrics.dropped = leader.dropped
@@ -268,7 +400,7 @@ class Broker:
         if isinstance(request, m.ListStreamsRequest):
             return m.ListStreamsResponse(self.describe_streams())
         if isinstance(request, m.CreateStreamRequest):
-            await self.create_stream(StreamConfig.from_dict(request.config))
+            await self.create_stream(self.stream_config(dict(request.config)))
             return m.EmptyResponse()
         if isinstance(request, m.DeleteStreamRequest):
             await self.delete_stream(request.name)
@@ -281,6 +413,10 @@ class Broker:
                 return m.OffsetForTimestampResponse(leader.high_watermark)
             offset = leader.log.offset_for_timestamp(request.timestamp_ms)
             return m.OffsetForTimestampResponse(min(offset, leader.high_watermark))
+        if isinstance(request, m.ReportLeaderFailureRequest):
+            if self._cluster is not None:
+                self._cluster.on_report(request)
+            return m.EmptyResponse()
         if isinstance(request, m.EndOffsetForEpochRequest):
             leader = self.leader_for(request.stream, request.partition)
             answer = leader.log.end_offset_for_epoch(request.leader_epoch)
@@ -296,8 +432,11 @@ class Broker:
         leader = self.leader_for(request.stream, request.partition)
         max_bytes = min(request.max_bytes, self.config.fetch_bytes_max)
         wait_ms = min(request.max_wait_ms, self.config.fetch_wait_ms_max)
-        piece = await leader.read(request.offset, max_bytes, wait_ms,
-                                  committed=request.isolation == "committed")
+        if request.isolation == "uncommitted":
+            piece = await leader.replica_fetch(request.replica_id, request.offset,
+                                               request.leader_epoch, max_bytes, wait_ms)
+        else:
+            piece = await leader.read(request.offset, max_bytes, wait_ms)
         leader.metrics.fetched_bytes += piece.length
         response = m.FetchResponse(
             request.stream, request.partition, leader.high_watermark,

@@ -61,6 +61,20 @@ class BrokerConfig:
     checkpoint_interval_ms: int = 5_000
     #: Most descriptors of segment files held open by this broker.
     open_files_max: int = 1024
+    #: Every broker's metadata Raft address, "id@host:raftport,..." (this one's included).
+    #: Empty: a single broker with local metadata.
+    cluster: str = ""
+    #: Password of the metadata Raft group (encrypts and authenticates it); empty: none.
+    raft_password: str = ""
+    #: A follower that has not caught up for this long leaves the ISR.
+    replica_lag_ms_max: int = 10_000
+    #: A follower that got no answer from its leader for this long reports it.
+    replica_leader_timeout_ms: int = 1_500
+    #: Long-poll wait and size of one follower fetch.
+    replica_fetch_wait_ms: int = 500
+    replica_fetch_bytes_max: int = 4 * MiB
+    #: A broker whose metadata connection is down this long is taken as gone (failover).
+    broker_timeout_ms: int = 3_000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -86,11 +100,37 @@ class BrokerConfig:
         _range(self, "retention_check_ms", 10, 86_400_000)
         _range(self, "checkpoint_interval_ms", 10, 86_400_000)
         _range(self, "open_files_max", 16, 1_000_000)
+        _range(self, "replica_lag_ms_max", 10, 3_600_000)
+        _range(self, "replica_leader_timeout_ms", 10, 3_600_000)
+        _range(self, "replica_fetch_wait_ms", 0, 60_000)
+        _range(self, "replica_fetch_bytes_max", 1024, 256 * MiB)
+        _range(self, "broker_timeout_ms", 10, 3_600_000)
+        members = self.cluster_members  # parses and checks `cluster`
+        if members and self.broker_id not in members:
+            raise InvalidConfig(f"cluster does not name this broker ({self.broker_id})",
+                                field="cluster")
         if self.nats_client not in ("fast", "nats-py"):
             raise InvalidConfig(f"nats_client must be 'fast' or 'nats-py', got "
                                 f"{self.nats_client!r}", field="nats_client")
         if not self.data_dir:
             raise InvalidConfig("data_dir must not be empty", field="data_dir")
+
+    @property
+    def cluster_members(self) -> dict[int, str]:
+        """Broker id -> metadata Raft address ("host:port"), from `cluster`."""
+        members: dict[int, str] = {}
+        for item in (i.strip() for i in self.cluster.split(",")):
+            if not item:
+                continue
+            ident, _, address = item.partition("@")
+            host, _, port = address.rpartition(":")
+            if not (ident.isdigit() and host and port.isdigit() and 0 < int(port) < 65536):
+                raise InvalidConfig(f"cluster entries are id@host:port, got {item!r}",
+                                    field="cluster")
+            if int(ident) in members:
+                raise InvalidConfig(f"cluster names broker {ident} twice", field="cluster")
+            members[int(ident)] = address
+        return members
 
     @property
     def nats_urls(self) -> list[str]:

@@ -26,7 +26,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from jetstream.errors import JetstreamError, ProtocolError
 from jetstream.protocol.envelope import AckPolicy
-from jetstream.raft_meta.model import StreamConfig
 from jetstream.stream.format import Record, StoredRecord, decode_batches
 
 if TYPE_CHECKING:
@@ -111,7 +110,7 @@ def build_app(broker: Broker) -> FastAPI:
 
     @app.get("/cluster")
     async def cluster() -> dict[str, Any]:
-        return {"brokers": broker.brokers(), "metadata_leader": broker.config.broker_id,
+        return {"brokers": broker.brokers(), **broker.metadata_status(),
                 "streams": broker.describe_streams()}
 
     @app.get("/streams")
@@ -120,7 +119,7 @@ def build_app(broker: Broker) -> FastAPI:
 
     @app.post("/streams", status_code=201)
     async def create_stream(config: dict[str, Any] = Body(...)) -> Response:  # noqa: B008
-        created = await broker.create_stream(StreamConfig.from_dict(config))
+        created = await broker.create_stream(broker.stream_config(config))
         return JSONResponse(broker.describe_stream(config["name"]),
                             status_code=201 if created else 200)
 

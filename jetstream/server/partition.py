@@ -17,6 +17,17 @@ Theory of operation
   (nats-py buffers them into few socket writes); envelopes that ask for it share one ack.
 - Fetch: reads are served from the log up to the HW; a reader at the HW waits for it to
   move (long poll) until its deadline.
+- Replication (cluster mode, `replication` given): the leader owns an isr.LeaderState. The
+  HW is what that core decides from the leader's durable LEO and the followers' fetch
+  offsets; its ISR proposals go to the metadata through `replication.propose_isr` (a task
+  each, proposing again while the outcome is unknown; a refusal ends in
+  `on_proposal_failed`, a commit in `on_isr_committed`, also when the broker's metadata
+  listener sees it first, through `on_metadata`), and a tick every TICK_MS lets it shrink the ISR of
+  followers that stopped fetching. Followers fetch uncommitted records up to the LEO
+  (`replica_fetch`), long-polling on appends. While the ISR is smaller than min_isr, `all`
+  publishes are refused with NOT_ENOUGH_REPLICAS and not appended. A leader that loses
+  leadership (`abdicate`) stops ingest and answers the `all` acks it still owes with
+  NOT_LEADER: it can no longer commit them, though the new leader may still hold them.
 - Back-pressure: at most `ingest_inflight_batches_max` batches wait for fsync; past that the
   ingest task stops taking messages, the subscription's queue fills, and what does not fit
   is dropped (a slow consumer, counted in the subscription). A dropped message was never
@@ -31,10 +42,19 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from jetstream.errors import JetstreamError, OffsetOutOfRange, RecordTooLarge
+from jetstream.errors import (
+    FencedLeaderEpoch,
+    JetstreamError,
+    NotEnoughReplicas,
+    NotLeader,
+    OffsetOutOfRange,
+    RecordTooLarge,
+)
+from jetstream.isr.leader import AdvanceHighWatermark, Decision, LeaderState, ProposeIsr
 from jetstream.protocol import ack as ack_codec
 from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
 from jetstream.protocol.envelope import AckPolicy, decode_envelope
@@ -50,6 +70,26 @@ from jetstream.stream.log import FileSlice, Log
 log = logging.getLogger(__name__)
 
 _NO_ACK = AckPolicy.NONE
+_ALL = AckPolicy.ALL
+#: How often the ISR core is ticked (lagging followers are noticed at this resolution).
+TICK_MS = 100
+#: Wait before proposing an ISR change again after its outcome was unknown (a timeout).
+PROPOSE_RETRY_MS = 500
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """What a cluster-mode leader needs from the broker: this broker's id, the ISR settings,
+    and how to propose an ISR change (the coroutine returns True when committed, False when
+    refused, None when the outcome is unknown)."""
+
+    broker_id: int
+    replica_lag_ms_max: int
+    propose_isr: Callable[[ProposeIsr], Awaitable[bool | None]]
 
 
 @dataclass(slots=True)
@@ -61,6 +101,8 @@ class PendingBatch:
     leader_acks: list[tuple[str, bytes]]
     all_acks: list[tuple[str, bytes]]
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    #: (inbox, correlation id) of the `all` acks, to answer them with an error instead.
+    all_targets: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 class PartitionLeader:
@@ -73,6 +115,7 @@ class PartitionLeader:
         config: BrokerConfig,
         executor: Executor | None,
         metrics: PartitionMetrics,
+        replication: Replication | None = None,
     ) -> None:
         self.stream = stream
         self.state = state
@@ -88,12 +131,18 @@ class PartitionLeader:
         self._unsynced: collections.deque[PendingBatch] = collections.deque()
         self._uncommitted: collections.deque[PendingBatch] = collections.deque()
         self._durable_end = log_.log_end_offset
-        self.high_watermark = log_.log_end_offset
+        self._replication = replication
+        self.isr: LeaderState | None = None
+        # One broker: everything on disk was committed. A cluster leader starts from its
+        # checkpoint: its suffix may not be on the other replicas yet.
+        self.high_watermark = (log_.log_end_offset if replication is None
+                               else min(log_.read_high_watermark(), log_.log_end_offset))
         self._hw_changed = asyncio.Event()
         self._sync_wanted = asyncio.Event()
         self._room = asyncio.Condition()
         self._sub: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._proposals: set[asyncio.Task[None]] = set()
         self._checkpointed_hw = -1
         self._stopping = False
 
@@ -104,14 +153,58 @@ class PartitionLeader:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self._replication is not None:
+            self._start_replication(self._replication)
         self._sub = await self._nats.subscribe(
             self.subject, self.stream.group, self._config.ingest_pending_msgs_max,
             self._config.ingest_pending_bytes_max)
-        self._tasks = [asyncio.create_task(self._ingest_loop(), name=f"ingest {self.name}")]
+        self._tasks.append(asyncio.create_task(self._ingest_loop(), name=f"ingest {self.name}"))
         if self._always:
             self._tasks.append(asyncio.create_task(self._sync_loop(), name=f"sync {self.name}"))
         self._tasks.append(asyncio.create_task(self._housekeeping_loop(),
                                                name=f"housekeeping {self.name}"))
+
+    def _start_replication(self, replication: Replication) -> None:
+        self.log.start_leader_epoch(self.state.leader_epoch)
+        self.isr = LeaderState(
+            replication.broker_id, self.state.leader_epoch, self.state.replicas,
+            self.state.isr, self.high_watermark, self.log.log_end_offset, now_ms(),
+            replication.replica_lag_ms_max, self.stream.min_isr)
+        self._tasks.append(asyncio.create_task(self._tick_loop(), name=f"isr tick {self.name}"))
+
+    async def abdicate(self) -> None:
+        """Leadership moved: stop taking messages at once and answer the `all` acks still owed
+        with NOT_LEADER (this broker can no longer commit them)."""
+        self._stopping = True
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.close()
+        await self._cancel_tasks()
+        await self._sync_now()
+        owed: list[tuple[str, str | None, JetstreamError]] = []
+        error = NotLeader(self.stream.name, self.state.partition)
+        for batch in (*self._unsynced, *self._uncommitted):
+            owed.extend((inbox, corr, error) for inbox, corr in batch.all_targets)
+            for waiter in batch.waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+        self._unsynced.clear()
+        self._uncommitted.clear()
+        if owed:
+            await self._publish_errors(owed)
+        self._wake_readers()
+        self._checkpoint()
+
+    async def _cancel_tasks(self) -> None:
+        for task in list(self._proposals):
+            task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
 
     async def stop(self) -> None:
         """Stop taking messages, finish what was taken (append, fsync, ack), then stop."""
@@ -120,12 +213,7 @@ class PartitionLeader:
         if sub is not None:
             with contextlib.suppress(Exception):
                 await sub.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks = []
+        await self._cancel_tasks()
         # Messages already buffered are appended and acked: they were received.
         if sub is not None:
             while batch := sub.take_batch(self._config.ingest_batch_records_max,
@@ -169,6 +257,7 @@ class PartitionLeader:
         errors: list[tuple[str, str | None, JetstreamError]] = []
         # The hot loop of ingest: plain tuples, locals, no calls a message can do without.
         new_record = tuple.__new__
+        refuse_all = self._refuse_all()
         for subject, reply, nats_headers, data in msgs:
             envelope = decode_envelope(data) if data.startswith(ENVELOPE_PREFIX) else None
             if envelope is None:
@@ -186,6 +275,10 @@ class PartitionLeader:
                     errors.append((inbox, corr, RecordTooLarge(len(value), max_bytes)))
                 self.metrics.errors += 1
                 continue
+            if refuse_all and policy is _ALL:
+                if inbox:
+                    errors.append((inbox, corr, self._not_enough_replicas()))
+                continue
             if inbox and policy is not _NO_ACK:
                 targets.append((len(records), inbox, corr, policy, batch_ack))
             records.append(new_record(Record, (value, key, headers, subject, None)))
@@ -202,8 +295,42 @@ class PartitionLeader:
             return
         self.metrics.appended_records += len(records)
         self.metrics.appended_bytes += info.size_bytes
+        self._on_append()
         leader_acks, all_acks = self._encode_acks(info.base_offset, records, targets)
-        await self._enqueue(PendingBatch(info.log_end_offset, leader_acks, all_acks))
+        all_targets = [(t[1], t[2]) for t in targets if t[3] is _ALL]
+        await self._enqueue(PendingBatch(info.log_end_offset, leader_acks, all_acks,
+                                         all_targets=all_targets))
+
+    def _refuse_all(self) -> bool:
+        """True while an `all` publish must be refused: the ISR is below min_isr, counting a
+        removal in flight or due (when the metadata has lost its majority the removal never
+        commits, and the publish would wait for a replica that is gone)."""
+        return self.isr is not None and len(self._isr_for_all()) < self.isr.min_isr
+
+    def _isr_for_all(self) -> tuple[int, ...]:
+        """The committed ISR, less the members a removal in flight drops and the members
+        lagging right now (whose removal may be stuck behind another proposal)."""
+        isr = self.isr
+        assert isr is not None
+        pending = isr.pending_isr
+        members = pending if pending is not None and len(pending) < len(isr.isr) else isr.isr
+        now, lag_max = now_ms(), isr.replica_lag_ms_max
+        return tuple(r for r in members if r == isr.leader_id or (
+            (seen := isr.follower_state(r).last_caught_up_ms) is not None
+            and now - seen <= lag_max))
+
+    def _not_enough_replicas(self) -> NotEnoughReplicas:
+        assert self.isr is not None
+        return NotEnoughReplicas(self.isr.min_isr, len(self._isr_for_all()))
+
+    def _on_append(self) -> None:
+        if self.isr is not None:
+            self.isr.on_leader_append(self.log.log_end_offset)
+            self._wake_readers()  # followers long-poll on the LEO
+
+    def _wake_readers(self) -> None:
+        changed, self._hw_changed = self._hw_changed, asyncio.Event()
+        changed.set()
 
     def _encode_acks(
         self, base: int, records: list[Record],
@@ -239,8 +366,13 @@ class PartitionLeader:
         for record in records:
             if len(record.value) > self.stream.max_message_bytes:
                 raise RecordTooLarge(len(record.value), self.stream.max_message_bytes)
+        if policy is _ALL and self._refuse_all():
+            raise self._not_enough_replicas()
+        if self._stopping:
+            raise NotLeader(self.stream.name, self.state.partition)
         await self._wait_for_room()
         info = self.log.append(records, self.state.leader_epoch, sync=False)
+        self._on_append()
         self.metrics.appended_records += len(records)
         self.metrics.appended_bytes += info.size_bytes
         batch = PendingBatch(info.log_end_offset, [], [])
@@ -280,16 +412,68 @@ class PartitionLeader:
             batch = self._unsynced.popleft()
             acks.extend(batch.leader_acks)
             self._uncommitted.append(batch)
-        # One broker: the ISR is this broker alone, so what is durable here is committed.
-        await self._advance_high_watermark(self._durable_end, acks)
+        if self.isr is None:
+            # One broker: the ISR is this broker alone, so what is durable is committed.
+            await self._advance_high_watermark(self._durable_end, acks)
+        else:
+            await self._apply(self.isr.on_leader_durable(self._durable_end), acks)
+
+    async def _apply(self, decisions: list[Decision],
+                     acks: list[tuple[str, bytes]] | None = None) -> None:
+        """Carry out the ISR core's decisions (and publish `acks` either way)."""
+        hw = self.high_watermark
+        for decision in decisions:
+            if isinstance(decision, AdvanceHighWatermark):
+                hw = max(hw, decision.offset)
+            elif isinstance(decision, ProposeIsr):
+                task = asyncio.create_task(self._propose_isr(decision))
+                task.add_done_callback(_log_task_failure)
+                self._proposals.add(task)
+                task.add_done_callback(self._proposals.discard)
+        if hw > self.high_watermark or acks:
+            await self._advance_high_watermark(hw, acks if acks is not None else [])
+
+    async def _propose_isr(self, decision: ProposeIsr) -> None:
+        """Propose until the outcome is known. An unknown outcome (a timeout) is settled by
+        proposing the same ISR again: the compare-and-set is on the epoch only, so a copy
+        applied after the first changes nothing."""
+        isr, replication = self.isr, self._replication
+        assert replication is not None and isr is not None
+        log.info("%s: proposing ISR %s (%s)", self.name, decision.isr, decision.reason)
+        while not self._stopping and isr.pending_isr == decision.isr:
+            outcome = await replication.propose_isr(decision)
+            if self._stopping or isr.pending_isr != decision.isr:
+                return  # settled meanwhile (the metadata listener saw it committed)
+            if outcome is None:
+                await asyncio.sleep(PROPOSE_RETRY_MS / 1000)
+            elif outcome:
+                # Committed, but the listener may not have run (or saw no change: a copy).
+                await self._apply(isr.on_isr_committed(decision.isr, decision.expected_epoch))
+            else:
+                await self._apply(isr.on_proposal_failed())
+
+    def on_metadata(self, state: PartitionState) -> None:
+        """The metadata changed this partition at the same leader epoch (an ISR change)."""
+        assert state.leader_epoch == self.state.leader_epoch, (state, self.state)
+        self.state = state
+        if self.isr is not None and not self._stopping and tuple(sorted(state.isr)) != \
+                self.isr.isr:
+            decisions = self.isr.on_isr_committed(state.isr, state.leader_epoch)
+            task = asyncio.get_running_loop().create_task(self._apply(decisions))
+            task.add_done_callback(_log_task_failure)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_MS / 1000)
+            assert self.isr is not None
+            await self._apply(self.isr.tick(now_ms()))
 
     async def _advance_high_watermark(self, hw: int, acks: list[tuple[str, bytes]]) -> None:
         assert self.log.log_start_offset <= hw <= self.log.log_end_offset
         if hw > self.high_watermark:
             self.high_watermark = hw
             self.metrics.high_watermark = hw
-            changed, self._hw_changed = self._hw_changed, asyncio.Event()
-            changed.set()
+            self._wake_readers()
         while self._uncommitted and self._uncommitted[0].next_offset <= self.high_watermark:
             batch = self._uncommitted.popleft()
             acks.extend(batch.all_acks)
@@ -332,6 +516,24 @@ class PartitionLeader:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
+    async def replica_fetch(self, replica_id: int, offset: int, leader_epoch: int,
+                            max_bytes: int, max_wait_ms: int) -> FileSlice:
+        """A follower's fetch: it holds every offset below `offset`. Records up to the LEO."""
+        if self.isr is None:
+            raise NotLeader(self.stream.name, self.state.partition)
+        if leader_epoch != self.state.leader_epoch or self._stopping:
+            raise FencedLeaderEpoch(self.stream.name, self.state.partition, leader_epoch,
+                                    self.state.leader_epoch)
+        if offset > self.log.log_end_offset:
+            raise OffsetOutOfRange(offset, self.log.log_start_offset, self.log.log_end_offset)
+        try:
+            decisions = self.isr.on_follower_fetch(replica_id, offset, now_ms())
+        except ValueError as exc:
+            raise OffsetOutOfRange(offset, self.log.log_start_offset,
+                                   self.log.log_end_offset) from exc
+        await self._apply(decisions)
+        return await self.read(offset, max_bytes, max_wait_ms, committed=False)
+
     def check_offset(self, offset: int) -> None:
         if not self.log.log_start_offset <= offset <= self.log.log_end_offset:
             raise OffsetOutOfRange(offset, self.log.log_start_offset, self.high_watermark)
@@ -366,6 +568,11 @@ class PartitionLeader:
         if hw != self._checkpointed_hw:
             self.log.write_high_watermark(min(hw, self.log.log_end_offset))
             self._checkpointed_hw = hw
+
+
+def _log_task_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("replication task failed", exc_info=task.exception())
 
 
 def _apply_retention(log_: Log, high_watermark: int) -> list[int]:

@@ -69,8 +69,10 @@ class BrokerProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self) -> BrokerProcess:
-        """Launch the broker (on the ports of its last run, if any) and wait until ready."""
+    def start(self, *, wait: bool = True) -> BrokerProcess:
+        """Launch the broker (on the ports of its last run, if any) and wait until ready
+        (with `wait=False`, call `wait_ready()` later: brokers of a cluster become ready only
+        together, once a majority of them runs)."""
         assert not self.running, "already running"
         argv = [sys.executable, "-m", "jetstream", "server", "--data-dir", str(self.data_dir),
                 "--nats-url", self.nats_url, "--broker-id", str(self.broker_id),
@@ -81,12 +83,14 @@ class BrokerProcess:
             log.flush()
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL)
-        self._wait_ready()
+        if wait:
+            self.wait_ready()
         return self
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait until the started broker is ready (BrokerStartFailed when it is not)."""
         ready_file = self.data_dir / "broker.json"
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while True:
             info = _read_json(ready_file)
             if info is not None and info.get("pid") == self.pid:
@@ -95,7 +99,7 @@ class BrokerProcess:
                 self._fail(f"broker exited with {self._proc.returncode} before it was ready")
             if time.monotonic() > deadline:
                 self.stop(signal.SIGKILL)
-                self._fail(f"broker not ready within {READY_TIMEOUT_S} s")
+                self._fail(f"broker not ready within {timeout_s} s")
             time.sleep(POLL_S)
         self.info = info
         self.port, self.http_port = info["port"], info["http_port"]

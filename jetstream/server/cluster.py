@@ -1,0 +1,190 @@
+"""The cluster side of a broker: Raft metadata, failover, ISR proposals, leadership hand-over.
+
+Theory of operation: with `cluster` set, every broker runs a RaftMetadata on its own Raft
+address (the others are its partners). A broker waits until its metadata has caught up with
+a leader before it registers itself (RegisterBroker, retried while no leader commits it) and
+before it takes any partition role, so it never acts on a stale replay of its journal.
+
+Failover is decided on the metadata leader's broker only: a FailoverController (pure) is fed
+every FAILOVER_TICK_MS with the brokers whose Raft connection is up (and this one), and with
+the reports of followers whose leader went silent (REPORT_LEADER_FAILURE, or a direct call
+when the reporter is this broker). Its ChangeLeader decisions are proposed in the background;
+the compare-and-set on the leader epoch makes a stale decision a harmless refusal. A broker
+that loses metadata leadership drops its controller; the next one starts fresh (brokers never
+seen get a grace period of `broker_timeout_ms`).
+
+Graceful stop: each partition this broker leads is handed to its first in-sync follower in
+replica order (ChangeLeader), waited for, before the broker leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from jetstream.client.connection import BrokerConnection
+from jetstream.errors import JetstreamError, MetadataUnavailable
+from jetstream.isr.leader import ProposeIsr
+from jetstream.protocol import messages as m
+from jetstream.raft_meta.controller import FailoverController
+from jetstream.raft_meta.fsm import ChangeIsr, ChangeLeader, RegisterBroker, StaleMetadataEpoch
+from jetstream.raft_meta.model import BrokerInfo
+from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.server.config import BrokerConfig
+
+log = logging.getLogger(__name__)
+
+FAILOVER_TICK_MS = 200
+#: How long a starting broker waits for the metadata to catch up with a leader.
+READY_TIMEOUT_S = 120.0
+RETRY_S = 0.2
+REPORT_TIMEOUT_S = 2.0
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class Cluster:
+    """The cluster services of one broker (see the module docstring)."""
+
+    def __init__(self, config: BrokerConfig, directory: Path) -> None:
+        members = config.cluster_members
+        assert members, "not a cluster"
+        self.config = config
+        self.broker_id = config.broker_id
+        self.raft_ids = {address: bid for bid, address in members.items()}
+        partners = [a for bid, a in members.items() if bid != config.broker_id]
+        self.metadata = RaftMetadata(
+            directory, members[config.broker_id], partners, broker_id=config.broker_id,
+            broker_ids=self.raft_ids, password=config.raft_password or None)
+        self.size = len(members)
+        self._controller: FailoverController | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- start -----------------------------------------------------------------------------------
+
+    async def join(self, me: BrokerInfo) -> None:
+        """Wait for the metadata to catch up with a leader, then register this broker."""
+        await self.metadata.wait_ready(READY_TIMEOUT_S)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self.metadata.state.brokers.get(me.id) != me:
+            try:
+                await self.metadata.propose(RegisterBroker(me))
+            except MetadataUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(RETRY_S)
+
+    # -- ISR proposals ---------------------------------------------------------------------------
+
+    async def propose_isr(self, stream: str, partition: int, decision: ProposeIsr) -> bool | None:
+        """True: committed; False: refused (never applied); None: outcome unknown."""
+        try:
+            await self.metadata.propose(ChangeIsr(stream, partition, decision.expected_epoch,
+                                                  decision.isr))
+        except StaleMetadataEpoch:
+            return False
+        except MetadataUnavailable as exc:
+            log.warning("ISR change of %s/%d: %s", stream, partition, exc)
+            return None
+        except JetstreamError as exc:
+            log.warning("ISR change of %s/%d refused: %s", stream, partition, exc)
+            return False
+        return True
+
+    # -- failover --------------------------------------------------------------------------------
+
+    async def failover_loop(self) -> None:
+        """Run forever: on the metadata leader, decide and propose leader changes."""
+        while True:
+            await asyncio.sleep(FAILOVER_TICK_MS / 1000)
+            if not self.metadata.is_leader:
+                self._controller = None
+                continue
+            controller = self._controller_now()
+            now = now_ms()
+            controller.on_broker_seen(self.broker_id, now)
+            for address, status in self.metadata.status()["partners"].items():
+                broker = self.raft_ids.get(address)
+                if status == "up" and broker is not None:
+                    controller.on_broker_seen(broker, now)
+            for decision in controller.decide(self.metadata.state, now):
+                self._spawn(self._propose_leader(decision))
+
+    def _controller_now(self) -> FailoverController:
+        if self._controller is None:
+            self._controller = FailoverController(
+                report_window_ms=2 * self.config.replica_leader_timeout_ms,
+                broker_timeout_ms=self.config.broker_timeout_ms)
+        return self._controller
+
+    async def _propose_leader(self, decision: ChangeLeader) -> None:
+        log.info("failover: %s/%d at epoch %d -> leader %d", decision.stream,
+                 decision.partition, decision.expected_epoch, decision.leader)
+        try:
+            await self.metadata.propose(decision)
+        except JetstreamError as exc:
+            log.warning("leader change %s not committed: %s", decision, exc)
+
+    def on_report(self, request: m.ReportLeaderFailureRequest) -> None:
+        if self.metadata.is_leader:
+            self._controller_now().on_report(request.stream, request.partition,
+                                             request.leader_epoch, request.reporter, now_ms())
+
+    async def report_leader_failure(self, stream: str, partition: int, epoch: int) -> None:
+        """Tell the metadata leader that this broker gets no answer from a partition leader."""
+        request = m.ReportLeaderFailureRequest(stream, partition, epoch, self.broker_id)
+        leader = self.metadata.leader_broker_id
+        log.info("reporting leader of %s/%d at epoch %d to broker %s", stream, partition,
+                 epoch, leader)
+        if leader is None:
+            return
+        if leader == self.broker_id:
+            self.on_report(request)
+            return
+        info = self.metadata.state.brokers.get(leader)
+        if info is None:
+            return
+        conn = BrokerConnection(info.address, client_id=f"replica-{self.broker_id}",
+                                connect_timeout_s=REPORT_TIMEOUT_S,
+                                request_timeout_s=REPORT_TIMEOUT_S)
+        try:
+            await conn.open()
+            await conn.request(request)
+        finally:
+            await conn.close()
+
+    # -- stop ------------------------------------------------------------------------------------
+
+    async def hand_over(self, led: list[tuple[str, int]]) -> None:
+        """Move the leadership of each partition in `led` to an in-sync follower."""
+        for stream, partition in led:
+            state = self.metadata.state.partitions.get((stream, partition))
+            if state is None or state.leader != self.broker_id:
+                continue
+            candidates = [r for r in state.replicas if r != self.broker_id and r in state.isr]
+            if not candidates:
+                continue
+            try:
+                await self.metadata.propose(ChangeLeader(stream, partition, state.leader_epoch,
+                                                         candidates[0]))
+            except JetstreamError as exc:
+                log.warning("hand-over of %s/%d failed: %s", stream, partition, exc)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.metadata.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,216 @@
+"""The follower of one partition on this broker: truncate, then fetch from the leader.
+
+Theory of operation: a thin async shell over jetstream.isr.follower (the KIP-279 truncation
+planner) and the log. It runs one task for one leader epoch; the broker replaces it when the
+leader or the epoch changes.
+
+1. Truncation: the follower asks the leader (END_OFFSET_FOR_EPOCH) where its own latest epoch
+   ends there, and does what `plan_truncation` says: truncate and ask again about the epoch
+   the plan names (never about the log's latest epoch afterwards: an entry left at the LEO
+   would make it ask the same question forever), stop, or drop the log and restart it at the
+   leader's log start offset.
+2. Fetching: FetchRequest(offset = LEO, this epoch, replica_id = this broker, uncommitted),
+   long-polling at the leader. What comes back is appended as it is (byte-identical batches)
+   and made durable through the stream's fsync policy before the next fetch, because the next
+   fetch's offset tells the leader that everything below it is held here. The follower's HW
+   is min(leader HW, LEO), checkpointed every `checkpoint_interval_ms`.
+3. Errors: a failed round is retried after a bounded, doubling back-off, truncating again
+   first (the leader may have changed its log meanwhile). When the leader has not answered
+   for `replica_leader_timeout_ms`, the follower reports it (`report_failure`) to the metadata
+   leader, and again at most once per timeout while the silence lasts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+
+from jetstream.client.connection import BrokerConnection
+from jetstream.errors import JetstreamError
+from jetstream.isr.follower import Done, TruncateFully, TruncateTo, epoch_to_ask, plan_truncation
+from jetstream.protocol import messages as m
+from jetstream.raft_meta.model import PartitionState, StreamConfig
+from jetstream.server.config import BrokerConfig
+from jetstream.stream.config import FsyncPolicy
+from jetstream.stream.epoch import EpochEndOffset
+from jetstream.stream.log import Log
+
+log = logging.getLogger(__name__)
+
+BACKOFF_MS_MIN = 50
+BACKOFF_MS_MAX = 1_000
+
+#: Reports that the leader is silent: (stream, partition, leader epoch).
+ReportFailure = Callable[[str, int, int], Awaitable[None]]
+#: The socket API address of a broker ("host:port"), or None when unknown.
+AddressOf = Callable[[int], str | None]
+
+
+class PartitionFollower:
+    def __init__(self, stream: StreamConfig, state: PartitionState, log_: Log, *,
+                 config: BrokerConfig, executor: Executor | None, address_of: AddressOf,
+                 report_failure: ReportFailure) -> None:
+        self.stream = stream
+        self.state = state
+        self.log = log_
+        self._config = config
+        self._executor = executor
+        self._address_of = address_of
+        self._report_failure = report_failure
+        self.high_watermark = min(log_.read_high_watermark(), log_.log_end_offset)
+        self._checkpointed_hw = self.high_watermark
+        self._task: asyncio.Task[None] | None = None
+        self._conn: BrokerConnection | None = None
+        self._last_answer_s = time.monotonic()
+        self._last_report_s = 0.0
+        self._checkpoint_s = time.monotonic()
+        self._append_done: asyncio.Future[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.stream.name}/{self.state.partition}"
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"follow {self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        if self._append_done is not None:
+            # An append still running in its thread must land before the next role (a leader
+            # starting its epoch at the LEO) touches the log.
+            with contextlib.suppress(Exception):
+                await self._append_done
+        await self._disconnect()
+        self._checkpoint()
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff_ms = BACKOFF_MS_MIN
+        while True:
+            try:
+                conn = await self._connect()
+                await self._truncate(conn)
+                while True:
+                    await self._fetch_once(conn)
+                    backoff_ms = BACKOFF_MS_MIN
+            except (JetstreamError, OSError) as exc:
+                log.info("%s: following broker %d failed: %s", self.name, self.state.leader, exc)
+                await self._disconnect()
+            except Exception:  # a bug: keep following rather than leave the replica behind
+                log.exception("%s: follower failed", self.name)
+                await self._disconnect()
+            await self._maybe_report()
+            await asyncio.sleep(backoff_ms / 1000)
+            backoff_ms = min(2 * backoff_ms, BACKOFF_MS_MAX)
+
+    async def _connect(self) -> BrokerConnection:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        address = self._address_of(self.state.leader)
+        if address is None:
+            raise OSError(f"address of broker {self.state.leader} unknown")
+        conn = BrokerConnection(address, client_id=f"replica-{self._config.broker_id}")
+        await conn.open()
+        self._conn = conn
+        return conn
+
+    async def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+    async def _maybe_report(self) -> None:
+        now = time.monotonic()
+        timeout_s = self._config.replica_leader_timeout_ms / 1000
+        if now - self._last_answer_s < timeout_s or now - self._last_report_s < timeout_s:
+            return
+        self._last_report_s = now
+        with contextlib.suppress(JetstreamError, OSError):
+            await self._report_failure(self.stream.name, self.state.partition,
+                                       self.state.leader_epoch)
+
+    def _answered(self) -> None:
+        self._last_answer_s = time.monotonic()
+
+    # -- truncation -----------------------------------------------------------------------------
+
+    async def _truncate(self, conn: BrokerConnection) -> None:
+        """KIP-279: cut off what the leader does not hold (see jetstream.isr.follower)."""
+        epoch = epoch_to_ask(self.log.epochs.entries)
+        while epoch is not None:
+            answer = await conn.request(m.EndOffsetForEpochRequest(
+                self.stream.name, self.state.partition, epoch))
+            self._answered()
+            assert isinstance(answer, m.EndOffsetForEpochResponse)
+            step = plan_truncation(
+                self.log.epochs.entries, self.log.log_end_offset,
+                EpochEndOffset(answer.leader_epoch, answer.end_offset),
+                leader_log_start_offset=await self._leader_log_start(conn))
+            log.info("%s: truncation step %s (LEO %d)", self.name, step,
+                     self.log.log_end_offset)
+            if isinstance(step, TruncateTo):
+                self.log.truncate_to(step.offset)
+                epoch = step.then_ask_epoch
+            elif isinstance(step, Done):
+                self.log.truncate_to(step.truncate_to)
+                epoch = None
+            else:
+                assert isinstance(step, TruncateFully)
+                self.log.truncate_fully_and_start_at(step.start_at)
+                epoch = None
+        self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+
+    async def _leader_log_start(self, conn: BrokerConnection) -> int:
+        response = await conn.request(m.MetadataRequest([self.stream.name]))
+        assert isinstance(response, m.MetadataResponse)
+        for stream in response.streams:
+            for partition in stream.get("partitions", []):
+                if partition.get("partition") == self.state.partition:
+                    start = partition.get("log_start_offset")
+                    if isinstance(start, int):
+                        return start
+        raise OSError(f"broker {self.state.leader} does not describe {self.name}")
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    async def _fetch_once(self, conn: BrokerConnection) -> None:
+        request = m.FetchRequest(
+            self.stream.name, self.state.partition, self.log.log_end_offset,
+            self._config.replica_fetch_bytes_max, self._config.replica_fetch_wait_ms,
+            leader_epoch=self.state.leader_epoch, replica_id=self._config.broker_id,
+            isolation="uncommitted")
+        response, payload = await conn.fetch(request)
+        self._answered()
+        if payload:
+            self._append_done = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._append, payload)
+            await asyncio.shield(self._append_done)
+        self.high_watermark = max(self.high_watermark,
+                                  min(response.high_watermark, self.log.log_end_offset))
+        self._maybe_checkpoint()
+
+    def _append(self, payload: bytes) -> None:
+        """Append and make durable by the stream's policy (in a thread: it may fsync)."""
+        self.log.append_batches(payload, sync=self.stream.fsync is FsyncPolicy.ALWAYS)
+
+    def _maybe_checkpoint(self) -> None:
+        now = time.monotonic()
+        if now - self._checkpoint_s >= self._config.checkpoint_interval_ms / 1000:
+            self._checkpoint_s = now
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        hw = min(self.high_watermark, self.log.log_end_offset)
+        if hw != self._checkpointed_hw:
+            with contextlib.suppress(JetstreamError, OSError):
+                self.log.write_high_watermark(hw)
+            self._checkpointed_hw = hw

@@ -1,0 +1,49 @@
+"""The cluster settings of BrokerConfig: parsing of `cluster` and the replica limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from jetstream.errors import InvalidConfig
+from jetstream.server.config import BrokerConfig
+
+
+def test_single_broker_by_default() -> None:
+    config = BrokerConfig()
+    assert config.cluster_members == {}
+    assert (config.replica_lag_ms_max, config.replica_leader_timeout_ms,
+            config.replica_fetch_wait_ms, config.replica_fetch_bytes_max,
+            config.broker_timeout_ms) == (10_000, 1_500, 500, 4 * 1024 * 1024, 3_000)
+
+
+def test_cluster_members() -> None:
+    config = BrokerConfig(broker_id=2, cluster=" 1@10.0.0.1:7001, 2@h2:7002,3@h3:7003")
+    assert config.cluster_members == {1: "10.0.0.1:7001", 2: "h2:7002", 3: "h3:7003"}
+
+
+@pytest.mark.parametrize(("cluster", "broker_id"), [
+    ("0@h:1,0@h:2", 0),        # a broker twice
+    ("1@h:1,2@h:2", 0),        # this broker missing
+    ("x@h:1", 0),              # not an id
+    ("0@h", 0),                # no port
+    ("0@:7001", 0),            # no host
+    ("0@h:70000", 0),          # port out of range
+])
+def test_bad_cluster(cluster: str, broker_id: int) -> None:
+    with pytest.raises(InvalidConfig) as info:
+        BrokerConfig(broker_id=broker_id, cluster=cluster)
+    assert info.value.fields["field"] == "cluster"
+
+
+@pytest.mark.parametrize("name", ["replica_lag_ms_max", "replica_leader_timeout_ms",
+                                  "replica_fetch_bytes_max", "broker_timeout_ms"])
+def test_replica_limits_checked(name: str) -> None:
+    with pytest.raises(InvalidConfig):
+        BrokerConfig(**{name: 0})
+
+
+def test_env_sets_cluster() -> None:
+    config = BrokerConfig.load(env={"JETSTREAM_CLUSTER": "0@127.0.0.1:7001",
+                                    "JETSTREAM_REPLICA_LAG_MS_MAX": "2500"})
+    assert config.cluster_members == {0: "127.0.0.1:7001"}
+    assert config.replica_lag_ms_max == 2500
