@@ -199,8 +199,9 @@ class PartitionFollower:
         self._maybe_checkpoint()
 
     def _append(self, payload: bytes) -> None:
-        """Append and make durable by the stream's policy (in a thread: it may fsync)."""
-        self.log.append_batches(payload, sync=self.stream.fsync is FsyncPolicy.ALWAYS)
+        """Append and make durable by the stream's policy (in a thread: it may fsync): at once
+        under ALWAYS, when the interval has passed under INTERVAL."""
+        self.log.append_batches(payload, sync=self.stream.fsync is not FsyncPolicy.NEVER)
 
     def _maybe_checkpoint(self) -> None:
         now = time.monotonic()
