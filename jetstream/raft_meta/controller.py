@@ -99,6 +99,11 @@ class FailoverController:
                 return broker
         return None
 
+    def retry(self, stream: str, partition: int) -> None:
+        """A decision was not committed (no metadata majority, a timeout): decide again on
+        the next call if the leader is still failed."""
+        self._decided.pop((stream, partition), None)
+
     def forget(self, stream: str, partition: int) -> None:
         self._reports.pop((stream, partition), None)
         self._decided.pop((stream, partition), None)

@@ -129,8 +129,12 @@ class Cluster:
                  decision.partition, decision.expected_epoch, decision.leader)
         try:
             await self.metadata.propose(decision)
+        except StaleMetadataEpoch:
+            pass  # someone else changed the partition first: nothing left to decide
         except JetstreamError as exc:
             log.warning("leader change %s not committed: %s", decision, exc)
+            if self._controller is not None:
+                self._controller.retry(decision.stream, decision.partition)
 
     def on_report(self, request: m.ReportLeaderFailureRequest) -> None:
         if self.metadata.is_leader:

@@ -96,3 +96,16 @@ def test_the_new_leader_must_be_alive() -> None:
     c.on_broker_seen(survivor, 10_000)
     (decision,) = c.decide(state, 10_000)
     assert decision.leader == survivor
+
+
+def test_a_decision_that_was_not_committed_is_made_again_after_retry() -> None:
+    state = cluster()
+    p = state.partition("s", 0)
+    c = controller(state)
+    for broker in state.brokers:
+        if broker != p.leader:
+            c.on_broker_seen(broker, 10_000)
+    (first,) = c.decide(state, 10_000)
+    assert c.decide(state, 10_100) == []
+    c.retry("s", 0)  # the proposal timed out: no metadata majority
+    assert c.decide(state, 10_200) == [first]
