@@ -26,7 +26,10 @@ from jetstream.errors import JetstreamError
 if TYPE_CHECKING:
     from jetstream.server.broker import Broker
 
-DEV_PORTS = {"nats_port": 4222, "port": 7400, "http_port": 7480}
+#: Well-known dev ports (copy-paste friendly); any free port when one is taken.
+DEV_NATS_PORT = 4222
+DEV_BROKERS = 3
+DEV_BASE_PORTS = {"port": 7400, "http_port": 7480, "raft": 7500}
 
 
 def _free(port: int) -> bool:
@@ -40,43 +43,56 @@ def _free(port: int) -> bool:
     return True
 
 
+def _dev_ports() -> tuple[int, list[dict[str, int]]]:
+    from jetstream.natsd import free_ports
+
+    def pick(port: int) -> int:
+        return port if _free(port) else free_ports(1)[0]
+
+    return pick(DEV_NATS_PORT), [{name: pick(base + i) for name, base in DEV_BASE_PORTS.items()}
+                                 for i in range(DEV_BROKERS)]
+
+
 def _dev(args: argparse.Namespace) -> int:
-    """Embedded NATS and a local broker on loopback, until Ctrl-C."""
+    """Embedded NATS and a local 3-broker cluster on loopback, until Ctrl-C."""
     import asyncio
     import logging
+    import signal
 
+    from jetstream.natsd import NatsServer
     from jetstream.server.broker import Broker
     from jetstream.server.config import BrokerConfig
 
     temporary = args.data_dir is None
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="jetstream-dev-"))
-    # Well-known ports when they are free (copy-paste friendly), else any free port.
-    ports = {name: (port if _free(port) else 0) for name, port in DEV_PORTS.items()}
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    broker = Broker(BrokerConfig(data_dir=str(data_dir / "broker-0"), **ports))
+    nats_port, ports = _dev_ports()
+    cluster = ",".join(f"{i}@127.0.0.1:{p['raft']}" for i, p in enumerate(ports))
 
     async def run() -> None:
-        await broker.start()
-        _stop_on_signals(broker)  # before "ready": a Ctrl-C right after it stops cleanly
-        info = broker.describe_self()
-        address = f"{info['host']}:{info['port']}"
-        if args.json:
-            print(json.dumps({"event": "ready", "brokers": address, **info}), flush=True)
-        else:
-            print(f"""Jetstream dev: embedded NATS and 1 broker (data in {data_dir})
-  NATS          {info['nats_url']}
-  broker 0      {address}
-  HTTP API      http://{info['host']}:{info['http_port']}   (docs: /docs)
-
-Try, in another terminal:
-  export JETSTREAM_BROKERS={address}
-  jetstream stream create orders --subject 'orders.*'
-  jetstream pub orders.new 'hello'
-  jetstream sub orders --from earliest
-
-Ctrl-C stops it.""", flush=True)
-        await broker.run_until_stopped()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        (data_dir / "nats").mkdir(parents=True, exist_ok=True)
+        nats_server = await NatsServer(data_dir / "nats", name="dev-nats",
+                                       port=nats_port).astart()
+        brokers = [Broker(BrokerConfig(
+            broker_id=i, data_dir=str(data_dir / f"broker-{i}"), port=p["port"],
+            http_port=p["http_port"], nats_url=nats_server.url, cluster=cluster))
+            for i, p in enumerate(ports)]
+        try:
+            # Together: each waits for a majority of the metadata group before it is ready.
+            await asyncio.gather(*(b.start() for b in brokers))
+            _print_dev_ready(args, data_dir, nats_server.url,
+                             [b.describe_self() for b in brokers])
+            await stop.wait()
+        finally:
+            # The whole cluster stops: no leadership hand-over between dying brokers.
+            await asyncio.gather(*(b.shutdown(hand_over=False) for b in brokers),
+                                 return_exceptions=True)
+            await nats_server.astop()
 
     try:
         asyncio.run(run())
@@ -86,6 +102,26 @@ Ctrl-C stops it.""", flush=True)
     if not args.json:
         print("stopped", flush=True)
     return 0
+
+
+def _print_dev_ready(args: argparse.Namespace, data_dir: Path, nats_url: str,
+                     infos: list[dict[str, object]]) -> None:
+    addresses = ",".join(f"{i['host']}:{i['port']}" for i in infos)
+    if args.json:
+        print(json.dumps({"event": "ready", "brokers": addresses, "nats_url": nats_url,
+                          "data_dir": str(data_dir), "pid": os.getpid(),
+                          "broker_info": infos}), flush=True)
+        return
+    lines = [f"Jetstream dev: embedded NATS and a {len(infos)}-broker cluster "
+             f"(data in {data_dir})", f"  NATS          {nats_url}"]
+    for info in infos:
+        lines.append(f"  broker {info['broker_id']}      {info['host']}:{info['port']}   "
+                     f"HTTP http://{info['host']}:{info['http_port']} (docs: /docs)")
+    lines += ["", "Try, in another terminal:", f"  export JETSTREAM_BROKERS={addresses}",
+              "  jetstream stream create orders --subject 'orders.*'",
+              "  jetstream pub orders.new 'hello'", "  jetstream sub orders --from earliest",
+              "  jetstream cluster status", "", "Ctrl-C stops it."]
+    print("\n".join(lines), flush=True)
 
 
 def _server(args: argparse.Namespace) -> int:

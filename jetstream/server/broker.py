@@ -156,10 +156,12 @@ class Broker:
                 "port": self.socket_api.port, "http_port": self.http_port,
                 "nats_url": self.nats_url, "data_dir": str(self.data_dir)}
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, *, hand_over: bool = True) -> None:
+        """Stop. In a cluster, first hand this broker's leaderships to in-sync followers,
+        unless `hand_over` is False (the whole cluster is stopping: `jetstream dev`)."""
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / READY_FILE).unlink()
-        if self._cluster is not None and self._roles_enabled:
+        if self._cluster is not None and self._roles_enabled and hand_over:
             await self._cluster.hand_over(sorted(self._leaders))
         async with self._reconcile_lock:
             self._roles_enabled = False

@@ -88,13 +88,17 @@ class SocketApi:
             await Connection(self._broker, reader, writer).run()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # `stop()` cancels open connections. End this task normally: Python 3.11's
+            # start_server callback calls task.exception() on it, which would raise and log.
+            pass
         except Exception:
             log.exception("connection handler failed")
         finally:
             metrics.connections_open -= 1
             self._connections.discard(task)
             writer.close()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer.wait_closed()
 
 

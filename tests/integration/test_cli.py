@@ -368,6 +368,7 @@ def test_dev_serves_clients_and_stops_cleanly_on_sigint(procs: Procs, tmp_path: 
     assert len(nats_pids) == 1, "the embedded nats-server is a child of `jetstream dev`"
 
     brokers = ready["brokers"]
+    assert len(brokers.split(",")) == 3  # a local 3-broker cluster
     jetstream(brokers, "stream", "create", "orders", "--subject", "orders.*")
     assert json_of(brokers, "pub", "orders.new", "hello")["offset"] == 0
     assert [m["value"] for m in json_lines(brokers, "sub", "orders", "--json")] == ["hello"]
