@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import nats
 
 from jetstream.server import nats_ingest
-from jetstream.server.nats_wire import NatsMsg
+from jetstream.server.nats_wire import NatsMsg, pub_commands
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +152,7 @@ class NatsPyNats:
             for subject, payload in messages:
                 await nc.publish(subject, payload)
             return
-        await send(b"".join(b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload)
-                            for subject, payload in messages))
+        await send(pub_commands(messages))
         await flush()
 
     async def close(self) -> None:

@@ -534,10 +534,6 @@ class PartitionLeader:
         await self._apply(decisions)
         return await self.read(offset, max_bytes, max_wait_ms, committed=False)
 
-    def check_offset(self, offset: int) -> None:
-        if not self.log.log_start_offset <= offset <= self.log.log_end_offset:
-            raise OffsetOutOfRange(offset, self.log.log_start_offset, self.high_watermark)
-
     # -- housekeeping ----------------------------------------------------------------------------
 
     async def _housekeeping_loop(self) -> None:
