@@ -92,6 +92,7 @@ from jetstream.errors import InvalidConfig, JetstreamError, MetadataUnavailable,
 from jetstream.raft_meta._pysyncobj import (
     FAIL_REASON,
     HAS_CRYPTO,
+    RoutedNode,
     SyncObj,
     SyncObjConf,
     SyncObjConsumer,
@@ -327,13 +328,16 @@ class RaftMetadata:
 
     `self_address` and `partner_addresses` are the Raft addresses ("host:port") of this broker
     and of the others; `broker_ids` maps each Raft address to its broker id (this broker's is
-    added). Construct it on the loop it should call back on (or pass `loop`).
+    added); `routes` maps a partner's Raft address to the address it is dialled at, when a
+    relay sits in between (its identity stays its own address). Construct it on the loop it
+    should call back on (or pass `loop`).
     """
 
     def __init__(self, directory: Path, self_address: str, partner_addresses: Sequence[str], *,
                  broker_id: int, broker_ids: Mapping[str, int] | None = None,
                  password: str | None = None, loop: asyncio.AbstractEventLoop | None = None,
-                 settings: RaftSettings | None = None) -> None:
+                 settings: RaftSettings | None = None,
+                 routes: Mapping[str, str] | None = None) -> None:
         if password is not None and not password:
             raise InvalidConfig("the metadata password must not be empty", field="password")
         if password is not None and not HAS_CRYPTO:
@@ -374,7 +378,9 @@ class RaftMetadata:
             maxBindRetries=1,
             onReady=lambda: self._post(self._ready.set),
         )
-        partners = [a for a in partner_addresses if a != self_address]
+        routes = routes or {}
+        partners = [RoutedNode(a, routes[a]) if a in routes else a
+                    for a in partner_addresses if a != self_address]
         self._sync = SyncObj(self_address, partners, conf=conf, consumers=[self._fsm])
         try:
             self._sync.waitBinded()

@@ -293,7 +293,7 @@ class Broker:
         assert self._cluster is not None
         follower = PartitionFollower(
             stream, partition, self._open_log(stream, partition.partition), config=self.config,
-            executor=self._executor, address_of=self._address_of,
+            executor=self._executor, address_of=self._cluster.address_of,
             report_failure=self._cluster.report_leader_failure)
         await follower.start()
         self._followers[(stream.name, partition.partition)] = follower
@@ -302,10 +302,6 @@ class Broker:
 
     async def _stop_follower(self, key: tuple[str, int]) -> None:
         await self._followers.pop(key).stop()
-
-    def _address_of(self, broker_id: int) -> str | None:
-        info = self.metadata.state.brokers.get(broker_id)
-        return None if info is None else info.address
 
     def _delete_orphan_logs(self, kept: set[str]) -> None:
         logs = self.data_dir / "logs"
@@ -364,6 +360,11 @@ class Broker:
                 entry.update(high_watermark=leader.high_watermark,
                              log_start_offset=leader.log.log_start_offset,
                              log_end_offset=leader.log.log_end_offset)
+                if leader.isr is not None:
+                    ends = {r: leader.isr.follower_state(r).log_end_offset
+                            for r in p.replicas}
+                    entry["replica_end_offsets"] = {str(r): e for r, e in ends.items()
+                                                    if e is not None}
             partitions.append(entry)
         return {**config.to_dict(), "partitions": partitions}
 

@@ -62,7 +62,8 @@ class Cluster:
         partners = [a for bid, a in members.items() if bid != config.broker_id]
         self.metadata = RaftMetadata(
             directory, members[config.broker_id], partners, broker_id=config.broker_id,
-            broker_ids=self.raft_ids, password=config.raft_password or None)
+            broker_ids=self.raft_ids, password=config.raft_password or None,
+            routes=config.raft_route_map)
         self.size = len(members)
         self._controller: FailoverController | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -141,21 +142,22 @@ class Cluster:
             self._controller_now().on_report(request.stream, request.partition,
                                              request.leader_epoch, request.reporter, now_ms())
 
-    async def report_leader_failure(self, stream: str, partition: int, epoch: int) -> None:
-        """Tell the metadata leader that this broker gets no answer from a partition leader."""
+    async def report_leader_failure(self, stream: str, partition: int, epoch: int) -> bool:
+        """Tell the metadata leader that this broker gets no answer from a partition leader;
+        False when there is no metadata leader to tell or it could not be reached."""
         request = m.ReportLeaderFailureRequest(stream, partition, epoch, self.broker_id)
         leader = self.metadata.leader_broker_id
         log.info("reporting leader of %s/%d at epoch %d to broker %s", stream, partition,
                  epoch, leader)
         if leader is None:
-            return
+            return False
         if leader == self.broker_id:
             self.on_report(request)
-            return
-        info = self.metadata.state.brokers.get(leader)
-        if info is None:
-            return
-        conn = BrokerConnection(info.address, client_id=f"replica-{self.broker_id}",
+            return self.metadata.is_leader
+        address = self.address_of(leader)
+        if address is None:
+            return False
+        conn = BrokerConnection(address, client_id=f"replica-{self.broker_id}",
                                 connect_timeout_s=REPORT_TIMEOUT_S,
                                 request_timeout_s=REPORT_TIMEOUT_S)
         try:
@@ -163,6 +165,15 @@ class Cluster:
             await conn.request(request)
         finally:
             await conn.close()
+        return True
+
+    def address_of(self, broker_id: int) -> str | None:
+        """Where to dial a broker's socket API: its route if one is set, else its address."""
+        route = self.config.peer_route_map.get(broker_id)
+        if route is not None:
+            return route
+        info = self.metadata.state.brokers.get(broker_id)
+        return None if info is None else info.address
 
     # -- stop ------------------------------------------------------------------------------------
 

@@ -64,6 +64,11 @@ class BrokerConfig:
     #: Every broker's metadata Raft address, "id@host:raftport,..." (this one's included).
     #: Empty: a single broker with local metadata.
     cluster: str = ""
+    #: Where to dial another broker when a relay sits in between, "id@host:port,...": its
+    #: metadata Raft port (`raft_routes`) and its socket API (`peer_routes`, replication and
+    #: failure reports). Brokers not named are dialled at their own addresses.
+    raft_routes: str = ""
+    peer_routes: str = ""
     #: Password of the metadata Raft group (encrypts and authenticates it); empty: none.
     raft_password: str = ""
     #: A follower that has not caught up for this long leaves the ISR.
@@ -109,6 +114,11 @@ class BrokerConfig:
         if members and self.broker_id not in members:
             raise InvalidConfig(f"cluster does not name this broker ({self.broker_id})",
                                 field="cluster")
+        for name in ("raft_routes", "peer_routes"):
+            unknown = sorted(set(_addresses(self, name)) - set(members))
+            if unknown:
+                raise InvalidConfig(f"{name} names brokers not in the cluster: {unknown}",
+                                    field=name)
         if self.nats_client not in ("fast", "nats-py"):
             raise InvalidConfig(f"nats_client must be 'fast' or 'nats-py', got "
                                 f"{self.nats_client!r}", field="nats_client")
@@ -118,19 +128,18 @@ class BrokerConfig:
     @property
     def cluster_members(self) -> dict[int, str]:
         """Broker id -> metadata Raft address ("host:port"), from `cluster`."""
-        members: dict[int, str] = {}
-        for item in (i.strip() for i in self.cluster.split(",")):
-            if not item:
-                continue
-            ident, _, address = item.partition("@")
-            host, _, port = address.rpartition(":")
-            if not (ident.isdigit() and host and port.isdigit() and 0 < int(port) < 65536):
-                raise InvalidConfig(f"cluster entries are id@host:port, got {item!r}",
-                                    field="cluster")
-            if int(ident) in members:
-                raise InvalidConfig(f"cluster names broker {ident} twice", field="cluster")
-            members[int(ident)] = address
-        return members
+        return _addresses(self, "cluster")
+
+    @property
+    def raft_route_map(self) -> dict[str, str]:
+        """A partner's metadata Raft address -> where to dial it, from `raft_routes`."""
+        members = self.cluster_members
+        return {members[bid]: dial for bid, dial in _addresses(self, "raft_routes").items()}
+
+    @property
+    def peer_route_map(self) -> dict[int, str]:
+        """Broker id -> where to dial its socket API, from `peer_routes`."""
+        return _addresses(self, "peer_routes")
 
     @property
     def nats_urls(self) -> list[str]:
@@ -176,6 +185,22 @@ def _parse_env(name: str, raw: str, type_name: Any) -> Any:
             raise InvalidConfig(f"{ENV_PREFIX}{name.upper()} must be an integer, got {raw!r}",
                                 field=name) from None
     return raw
+
+
+def _addresses(config: BrokerConfig, name: str) -> dict[int, str]:
+    """The "id@host:port,..." setting `name` as broker id -> "host:port"."""
+    result: dict[int, str] = {}
+    for item in (i.strip() for i in getattr(config, name).split(",")):
+        if not item:
+            continue
+        ident, _, address = item.partition("@")
+        host, _, port = address.rpartition(":")
+        if not (ident.isdigit() and host and port.isdigit() and 0 < int(port) < 65536):
+            raise InvalidConfig(f"{name} entries are id@host:port, got {item!r}", field=name)
+        if int(ident) in result:
+            raise InvalidConfig(f"{name} names broker {ident} twice", field=name)
+        result[int(ident)] = address
+    return result
 
 
 def _range(config: BrokerConfig, name: str, low: int, high: int) -> None:

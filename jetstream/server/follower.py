@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 BACKOFF_MS_MIN = 50
 BACKOFF_MS_MAX = 1_000
 
-#: Reports that the leader is silent: (stream, partition, leader epoch).
-ReportFailure = Callable[[str, int, int], Awaitable[None]]
+#: Reports that the leader is silent: (stream, partition, leader epoch); True when the
+#: metadata leader got the report.
+ReportFailure = Callable[[str, int, int], Awaitable[bool]]
 #: The socket API address of a broker ("host:port"), or None when unknown.
 AddressOf = Callable[[int], str | None]
 
@@ -118,7 +119,11 @@ class PartitionFollower:
         address = self._address_of(self.state.leader)
         if address is None:
             raise OSError(f"address of broker {self.state.leader} unknown")
-        conn = BrokerConnection(address, client_id=f"replica-{self._config.broker_id}")
+        # A silent leader (a paused process, a network dropping packets) must show up as a
+        # timeout within the leader timeout, not the client default of many seconds.
+        timeout_s = self._config.replica_leader_timeout_ms / 1000
+        conn = BrokerConnection(address, client_id=f"replica-{self._config.broker_id}",
+                                connect_timeout_s=timeout_s, request_timeout_s=timeout_s)
         await conn.open()
         self._conn = conn
         return conn
@@ -133,10 +138,12 @@ class PartitionFollower:
         timeout_s = self._config.replica_leader_timeout_ms / 1000
         if now - self._last_answer_s < timeout_s or now - self._last_report_s < timeout_s:
             return
-        self._last_report_s = now
+        delivered = False
         with contextlib.suppress(JetstreamError, OSError):
-            await self._report_failure(self.stream.name, self.state.partition,
-                                       self.state.leader_epoch)
+            delivered = await self._report_failure(self.stream.name, self.state.partition,
+                                                   self.state.leader_epoch)
+        if delivered:  # else try again after the next round's back-off
+            self._last_report_s = now
 
     def _answered(self) -> None:
         self._last_answer_s = time.monotonic()

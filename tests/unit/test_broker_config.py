@@ -47,3 +47,21 @@ def test_env_sets_cluster() -> None:
                                     "JETSTREAM_REPLICA_LAG_MS_MAX": "2500"})
     assert config.cluster_members == {0: "127.0.0.1:7001"}
     assert config.replica_lag_ms_max == 2500
+
+
+def test_routes() -> None:
+    config = BrokerConfig(broker_id=0, cluster="0@h0:7000,1@h1:7001,2@h2:7002",
+                          raft_routes="1@relay:9001", peer_routes="2@relay:9102")
+    assert config.raft_route_map == {"h1:7001": "relay:9001"}
+    assert config.peer_route_map == {2: "relay:9102"}
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("raft_routes", "5@relay:9001"),  # not a member
+    ("peer_routes", "1@relay"),  # no port
+    ("peer_routes", "1@relay:1,1@relay:2"),  # twice
+])
+def test_bad_routes(name: str, value: str) -> None:
+    with pytest.raises(InvalidConfig) as info:
+        BrokerConfig(broker_id=0, cluster="0@h0:7000,1@h1:7001", **{name: value})
+    assert info.value.fields["field"] == name

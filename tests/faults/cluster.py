@@ -1,0 +1,386 @@
+"""The fault suite's topology: one nats-server, 3 broker processes whose every broker <-> broker
+link (metadata Raft and socket API) runs through a relay a fault can cut, and one workload
+process (tests/faults/workload.py), all on loopback, in one work directory.
+
+Theory of operation: ports are chosen up front so each broker can be told, at its first start,
+to dial each peer through the relay of that directed link (`--raft-routes`, `--peer-routes`);
+clients and NATS are not relayed. Everything here is synchronous and blocking: the relays run
+on their own thread (proxy.Relays), brokers and the workload are child processes stopped by
+PID. The cluster's view is read over HTTP (`GET /cluster` of a live broker); every wait is a
+condition polled until a deadline. At the end `finish()` heals the network, waits until every
+replica holds everything committed, stops every process and reads every replica's log files,
+for the checker (tests/faults/checker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from jetstream.natsd import NatsServer, free_ports
+from jetstream.raft_meta.model import StreamConfig
+from jetstream.server.process import BrokerProcess
+from jetstream.stream.config import FsyncPolicy
+from jetstream.stream.log import Log
+from tests.faults.checker import Record, Replica
+from tests.faults.proxy import Mode, Relays
+
+T = TypeVar("T")
+HOST = "127.0.0.1"
+STREAM = "faults"
+SUBJECT = "faults.in"
+BROKERS = 3
+POLL_S = 0.1
+HTTP_TIMEOUT_S = 2.0
+#: Short timeouts so that failover and ISR changes happen within a fault's window.
+TUNING = ("--replica-lag-ms-max", "2000", "--replica-leader-timeout-ms", "1000",
+          "--broker-timeout-ms", "2000", "--checkpoint-interval-ms", "200", "-v")
+HEALTHY_TIMEOUT_S = 60.0
+WORKLOAD_STOP_TIMEOUT_S = 30.0
+
+
+class ClusterStuck(AssertionError):
+    """The cluster did not reach a condition before its deadline: an availability failure."""
+
+
+@dataclass
+class PartitionView:
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    high_watermark: int | None = None
+    log_end_offset: int | None = None
+    replica_end_offsets: dict[int, int] = field(default_factory=dict)
+
+
+class FaultCluster:
+    def __init__(self, work_dir: Path, *, partitions: int = 1,
+                 fsync: FsyncPolicy = FsyncPolicy.ALWAYS, rate: int = 400,
+                 seed: int = 0) -> None:
+        self.work_dir = work_dir
+        self.partitions = partitions
+        self.fsync = fsync
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.history_path = work_dir / "history.jsonl"
+        self.nats: NatsServer | None = None
+        self.relays: Relays | None = None
+        self.brokers: list[BrokerProcess] = []
+        self.paused: set[int] = set()
+        self._workload: subprocess.Popen[bytes] | None = None
+        self._history_read = 0
+        self._acks = 0
+        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S)
+
+    # -- start and stop --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.nats = NatsServer(self.work_dir / "nats")
+        self.nats.start()
+        raft_ports = free_ports(BROKERS)
+        api_ports = free_ports(BROKERS)
+        self.relays = Relays()
+        members = ",".join(f"{b}@{HOST}:{raft_ports[b]}" for b in range(BROKERS))
+        for b in range(BROKERS):
+            raft_routes, peer_routes = [], []
+            for peer in range(BROKERS):
+                if peer == b:
+                    continue
+                raft = self.relays.add(f"raft:{b}>{peer}", f"{HOST}:{raft_ports[peer]}")
+                api = self.relays.add(f"api:{b}>{peer}", f"{HOST}:{api_ports[peer]}")
+                raft_routes.append(f"{peer}@{raft.address}")
+                peer_routes.append(f"{peer}@{api.address}")
+            broker = BrokerProcess(
+                self.work_dir / f"broker{b}", self.nats.url, broker_id=b,
+                extra_args=("--cluster", members, "--raft-routes", ",".join(raft_routes),
+                            "--peer-routes", ",".join(peer_routes), "--http-port", "0",
+                            *TUNING))
+            broker.port = api_ports[b]
+            self.brokers.append(broker)
+        for broker in self.brokers:
+            broker.start(wait=False)
+        for broker in self.brokers:
+            broker.wait_ready(HEALTHY_TIMEOUT_S)
+        self._create_stream()
+        self.wait_healthy()
+
+    def _create_stream(self) -> None:
+        config = StreamConfig(name=STREAM, subject=SUBJECT, partitions=self.partitions,
+                              replication_factor=BROKERS, min_isr=2, fsync=self.fsync)
+        url = self.brokers[0].http_url + "/streams"
+        response = self._http.post(url, json=config.to_dict(), timeout=30.0)
+        if response.status_code not in (200, 201):
+            raise ClusterStuck(f"create stream: {response.status_code} {response.text}")
+
+    def start_workload(self) -> None:
+        assert self.nats is not None
+        argv = [sys.executable, "-m", "tests.faults.workload",
+                "--brokers", ",".join(b.address for b in self.brokers),
+                "--nats-url", self.nats.url, "--stream", STREAM, "--subject", SUBJECT,
+                "--partitions", str(self.partitions), "--rate", str(self.rate),
+                "--history", str(self.history_path)]
+        with open(self.work_dir / "workload.log", "ab") as out:
+            self._workload = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL)
+
+    def stop_workload(self) -> None:
+        proc = self._workload
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(WORKLOAD_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(WORKLOAD_STOP_TIMEOUT_S)
+
+    def close(self) -> None:
+        """Stop everything by PID (safe to call twice, and after a failure)."""
+        for b in list(self.paused):
+            self.resume(b)
+        if self._workload is not None and self._workload.poll() is None:
+            os.kill(self._workload.pid, signal.SIGKILL)
+            self._workload.wait(WORKLOAD_STOP_TIMEOUT_S)
+        for broker in self.brokers:
+            broker.kill()
+        if self.relays is not None:
+            self.relays.close()
+            self.relays = None
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+        self._http.close()
+
+    # -- the cluster's view ----------------------------------------------------------------------
+
+    def live(self) -> list[int]:
+        return [b for b, p in enumerate(self.brokers) if p.running and b not in self.paused]
+
+    def view(self, via: int | None = None) -> dict[str, Any] | None:
+        """`GET /cluster` of a live broker (of `via`), or None when none answers."""
+        for b in [via] if via is not None else self.rng.sample(self.live(), len(self.live())):
+            if not self.brokers[b].running or b in self.paused:
+                continue
+            try:
+                response = self._http.get(self.brokers[b].http_url + "/cluster")
+            except httpx.HTTPError:
+                continue
+            if response.status_code == 200:
+                result: dict[str, Any] = response.json()
+                return result
+        return None
+
+    def partition(self, partition: int, *, from_leader: bool = True) -> PartitionView | None:
+        """The partition as the metadata has it; with HW and LEOs when its leader answers."""
+        view = self.view()
+        entry = _partition_entry(view, partition)
+        if entry is None:
+            return None
+        result = PartitionView(partition, entry["leader"], entry["leader_epoch"],
+                               entry["replicas"], entry["isr"])
+        if from_leader and result.leader in self.live():
+            led = _partition_entry(self.view(result.leader), partition)
+            if led is not None and led["leader"] == result.leader and \
+                    "high_watermark" in led:
+                result.high_watermark = led["high_watermark"]
+                result.log_end_offset = led["log_end_offset"]
+                result.replica_end_offsets = {
+                    int(k): v for k, v in (led.get("replica_end_offsets") or {}).items()}
+        return result
+
+    def metadata_leader(self) -> int | None:
+        view = self.view()
+        leader = None if view is None else view.get("metadata_leader")
+        return leader if isinstance(leader, int) else None
+
+    def leader_of(self, partition: int = 0) -> int | None:
+        p = self.partition(partition, from_leader=False)
+        return None if p is None else p.leader
+
+    def wait(self, probe: Callable[[], T | None], what: str,
+             timeout_s: float = HEALTHY_TIMEOUT_S) -> T:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = probe()
+            if result is not None and result is not False:
+                return result
+            if time.monotonic() > deadline:
+                raise ClusterStuck(f"not within {timeout_s} s: {what}")
+            time.sleep(POLL_S)
+
+    def wait_healthy(self, timeout_s: float = HEALTHY_TIMEOUT_S) -> None:
+        """Every broker running, and every partition led by a live broker with a full ISR."""
+        def healthy() -> bool:
+            if len(self.live()) != BROKERS:
+                return False
+            for p in range(self.partitions):
+                view = self.partition(p)
+                if view is None or view.high_watermark is None or \
+                        sorted(view.isr) != sorted(view.replicas):
+                    return False
+            return True
+
+        self.wait(healthy, "a healthy cluster (all brokers up, every ISR full)", timeout_s)
+
+    def wait_new_leader(self, partition: int, old_epoch: int,
+                        timeout_s: float = HEALTHY_TIMEOUT_S) -> PartitionView:
+        def moved() -> PartitionView | None:
+            view = self.partition(partition)
+            if view is None or view.leader_epoch <= old_epoch or view.high_watermark is None:
+                return None
+            return view
+
+        return self.wait(moved, f"a new leader of partition {partition}", timeout_s)
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    def kill(self, b: int) -> None:
+        self.paused.discard(b)
+        self.brokers[b].stop(signal.SIGKILL)
+
+    def restart(self, b: int) -> None:
+        broker = self.brokers[b]
+        if not broker.running:
+            broker.start(wait=False)
+            broker.wait_ready(HEALTHY_TIMEOUT_S)
+
+    def pause(self, b: int) -> None:
+        os.kill(self.brokers[b].pid, signal.SIGSTOP)
+        self.paused.add(b)
+
+    def resume(self, b: int) -> None:
+        if b in self.paused and self.brokers[b].running:
+            os.kill(self.brokers[b].pid, signal.SIGCONT)
+        self.paused.discard(b)
+
+    def isolate(self, b: int, mode: Mode = Mode.DOWN) -> None:
+        """Cut every broker <-> broker link of `b`, both ways (NATS and clients still reach
+        it)."""
+        assert self.relays is not None
+        names = [n for n in self.relays.links
+                 if n.split(":")[1].startswith(f"{b}>") or n.endswith(f">{b}")]
+        self.relays.set_mode(names, mode)
+
+    def heal(self) -> None:
+        assert self.relays is not None
+        self.relays.heal()
+
+    def cut_log(self, b: int, partition: int, offset: int, garbage: bytes = b"") -> None:
+        """Cut a stopped broker's replica of `partition` back to `offset` (what was surely
+        fsynced), then append `garbage` to its last segment (a torn write)."""
+        directory = self.brokers[b].data_dir / "logs" / f"{STREAM}-{partition}"
+        if not directory.exists():
+            return
+        log = Log(directory)
+        try:
+            if offset < log.log_end_offset:
+                log.truncate_to(max(offset, log.log_start_offset))
+            segments = sorted(directory.glob("*.log"))
+        finally:
+            log.close()
+        if garbage and segments:
+            with open(segments[-1], "ab") as f:
+                f.write(garbage)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def finish(self) -> dict[int, list[Replica]]:
+        """Stop the workload, heal, let every replica catch up, stop the brokers and read
+        every replica's log; per partition, the replicas with the leader's final HW."""
+        self.stop_workload()
+        for b in list(self.paused):
+            self.resume(b)
+        self.heal()
+        for b, broker in enumerate(self.brokers):
+            if not broker.running:
+                self.restart(b)
+        self.wait_healthy()
+        hws: dict[int, int] = {}
+        for p in range(self.partitions):
+            def caught_up(p: int = p) -> PartitionView | None:
+                view = self.partition(p)
+                if view is None or view.high_watermark is None:
+                    return None
+                ends = [view.replica_end_offsets.get(r) for r in view.replicas
+                        if r != view.leader]
+                if view.high_watermark == view.log_end_offset and \
+                        all(e == view.log_end_offset for e in ends):
+                    return view
+                return None
+
+            final = self.wait(caught_up, f"every replica of partition {p} caught up")
+            assert final.high_watermark is not None
+            hws[p] = final.high_watermark
+        for broker in self.brokers:
+            broker.stop(signal.SIGKILL)  # the files stay in the page cache: nothing is lost
+        replicas: dict[int, list[Replica]] = {}
+        for p in range(self.partitions):
+            replicas[p] = []
+            for b, broker in enumerate(self.brokers):
+                directory = broker.data_dir / "logs" / f"{STREAM}-{p}"
+                replicas[p].append(Replica(b, hws[p], read_log(directory)))
+        return replicas
+
+    def acks(self) -> int:
+        """Acks the workload has recorded so far."""
+        if not self.history_path.exists():
+            return 0
+        with open(self.history_path, "rb") as f:
+            f.seek(self._history_read)
+            data = f.read()
+        whole = data[:data.rfind(b"\n") + 1]  # complete lines only
+        self._history_read += len(whole)
+        self._acks += whole.count(b'"e":"a"')
+        return self._acks
+
+    def wait_progress(self, acks: int = 20, timeout_s: float = HEALTHY_TIMEOUT_S) -> None:
+        """Wait until the workload has `acks` more acks: the cluster serves writes."""
+        target = self.acks() + acks
+        self.wait(lambda: self.acks() >= target, f"{acks} more acks", timeout_s)
+
+    def history(self) -> list[dict[str, Any]]:
+        with open(self.history_path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def read_log(directory: Path) -> list[Record]:
+    """Every record of the log in `directory`, every field of each."""
+    log = Log(directory)
+    records: list[Record] = []
+    try:
+        offset = log.log_start_offset
+        while offset < log.log_end_offset:
+            batch = log.read_records(offset)
+            if not batch:
+                break
+            records.extend((r.offset, r.timestamp_ms, r.leader_epoch, r.key, r.value,
+                            tuple(sorted(r.headers.items())), r.subject) for r in batch)
+            offset = batch[-1].offset + 1
+    finally:
+        log.close()
+    return records
+
+
+def _partition_entry(view: dict[str, Any] | None, partition: int) -> dict[str, Any] | None:
+    if view is None:
+        return None
+    for stream in view.get("streams", []):
+        if stream.get("name") == STREAM:
+            for entry in stream["partitions"]:
+                if entry["partition"] == partition:
+                    return dict(entry)
+    return None

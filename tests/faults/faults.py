@@ -1,0 +1,154 @@
+"""The faults: each applies itself to a FaultCluster, holds for a while, undoes itself
+(restart, resume, heal) and returns the wall-clock times at which it killed or cut off a
+partition leader (the checker measures failover from those).
+
+Holding a fault is the fault's duration, not a wait for a condition; every wait for the
+cluster to react (a new leader) is a condition with a deadline (FaultCluster.wait).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from jetstream.stream.config import FsyncPolicy
+from tests.faults.cluster import BROKERS, FaultCluster
+from tests.faults.proxy import Mode
+
+Fault = Callable[[FaultCluster], list[float]]
+
+
+def hold(seconds: float) -> None:
+    """Keep the fault in place for `seconds` while the workload runs."""
+    time.sleep(seconds)
+
+
+def _leader(c: FaultCluster, partition: int = 0) -> tuple[int, int]:
+    view = c.wait(lambda: c.partition(partition, from_leader=False), "the partition's leader")
+    return view.leader, view.leader_epoch
+
+
+def kill_leader(c: FaultCluster) -> list[float]:
+    """SIGKILL the partition leader; restart it once another broker leads."""
+    partition = c.rng.randrange(c.partitions)
+    leader, epoch = _leader(c, partition)
+    killed_at = time.time()
+    c.kill(leader)
+    c.wait_new_leader(partition, epoch)
+    hold(c.rng.uniform(0.5, 2.0))
+    c.restart(leader)
+    return [killed_at]
+
+
+def kill_follower(c: FaultCluster) -> list[float]:
+    """SIGKILL a follower long enough to leave the ISR, then restart it."""
+    leader, _ = _leader(c)
+    follower = c.rng.choice([b for b in range(BROKERS) if b != leader])
+    c.kill(follower)
+    hold(c.rng.uniform(1.0, 4.0))
+    c.restart(follower)
+    return []
+
+
+def kill_metadata_leader(c: FaultCluster) -> list[float]:
+    """SIGKILL the metadata (Raft) leader; restart it."""
+    target = c.wait(c.metadata_leader, "a metadata leader")
+    leader, _ = _leader(c)
+    killed_at = time.time()
+    c.kill(target)
+    hold(c.rng.uniform(1.0, 3.0))
+    c.restart(target)
+    return [killed_at] if target == leader else []
+
+
+def pause(c: FaultCluster) -> list[float]:
+    """SIGSTOP a broker (the leader half of the time), SIGCONT it 0.5-4 s later."""
+    leader, _ = _leader(c)
+    target = leader if c.rng.random() < 0.5 else c.rng.randrange(BROKERS)
+    paused_at = time.time()
+    c.pause(target)
+    seconds = c.rng.uniform(0.5, 4.0)
+    hold(seconds)
+    c.resume(target)
+    # A pause longer than the leader timeout makes the followers elect another leader.
+    return [paused_at] if target == leader and seconds > 1.5 else []
+
+
+def kill_all(c: FaultCluster) -> list[float]:
+    """SIGKILL every broker, then restart them all."""
+    killed_at = time.time()
+    for b in range(BROKERS):
+        c.kill(b)
+    hold(c.rng.uniform(0.2, 1.0))
+    for b in range(BROKERS):
+        c.brokers[b].start(wait=False)
+    for b in range(BROKERS):
+        c.brokers[b].wait_ready()
+    return [killed_at]
+
+
+def kill_leader_five_times(c: FaultCluster) -> list[float]:
+    """Kill whichever broker leads, five times in a row (each time once the ISR is full
+    again, so that a leader can be elected)."""
+    kills: list[float] = []
+    for _ in range(5):
+        c.wait_healthy()
+        kills += kill_leader(c)
+    return kills
+
+
+def partition_leader(c: FaultCluster, mode: Mode = Mode.DOWN) -> list[float]:
+    """Cut the partition leader off from the other brokers (connections refused) for 3-6 s;
+    NATS and clients still reach it."""
+    leader, _ = _leader(c)
+    cut_at = time.time()
+    c.isolate(leader, mode)
+    hold(c.rng.uniform(3.0, 6.0))
+    c.heal()
+    return [cut_at]
+
+
+def blackhole_leader(c: FaultCluster) -> list[float]:
+    """As partition_leader, but the network goes silent instead (nothing gets through,
+    nothing is refused: only timeouts tell)."""
+    return partition_leader(c, Mode.BLACKHOLE)
+
+
+def power_loss(c: FaultCluster) -> list[float]:
+    """With fsync `always`: SIGKILL a broker and cut its files back to what was surely
+    fsynced (the HW it had as a leader; the position its leader had from it as a follower),
+    plus a torn write of random bytes at the end; restart it."""
+    if c.fsync is not FsyncPolicy.ALWAYS:
+        return kill_leader(c)
+    target = c.rng.randrange(BROKERS)
+    before = {p: c.partition(p) for p in range(c.partitions)}
+    killed_at = time.time()
+    c.kill(target)
+    kills: list[float] = []
+    for p, view in before.items():
+        if view is None:
+            continue
+        if view.leader == target:
+            kills.append(killed_at)
+            keep = view.high_watermark or 0
+        else:
+            after = c.wait(lambda p=p: c.partition(p), f"partition {p} seen from its leader")
+            keep = after.replica_end_offsets.get(target, 0)
+        c.cut_log(target, p, keep, garbage=os.urandom(c.rng.randrange(1, 300)))
+    hold(c.rng.uniform(0.5, 2.0))
+    c.restart(target)
+    return kills
+
+
+ALL: dict[str, Fault] = {
+    "kill_leader": kill_leader,
+    "kill_follower": kill_follower,
+    "kill_metadata_leader": kill_metadata_leader,
+    "pause": pause,
+    "kill_all": kill_all,
+    "kill_leader_five_times": kill_leader_five_times,
+    "partition_leader": partition_leader,
+    "blackhole_leader": blackhole_leader,
+    "power_loss": power_loss,
+}

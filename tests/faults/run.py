@@ -1,0 +1,110 @@
+"""A long random mix of faults against a 3-broker cluster under load, then the checker.
+
+    python -m tests.faults.run --minutes 20 [--seed N] [--fsync always|interval]
+                               [--partitions N] [--faults a,b,...] [--json] [--keep DIR]
+
+Each cycle picks a fault at random (tests/faults/faults.py), applies it and undoes it, waits
+until the cluster is healthy again (every broker up, every ISR full) and has acked more
+writes. When the time is up the workload stops, every replica catches up, every process is
+stopped and every replica's log is read and checked (tests/faults/checker.py). The figures
+are printed; with --json the last line is one JSON object. Exit 1 when a safety check failed
+or the cluster got stuck (an availability failure), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from jetstream.stream.config import FsyncPolicy
+from tests.faults.checker import check
+from tests.faults.cluster import ClusterStuck, FaultCluster
+from tests.faults.faults import ALL
+
+
+def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
+            partitions: int = 1, faults: list[str] | None = None, cycles: int | None = None,
+            log: Any = None) -> dict[str, Any]:
+    """Run the mix for `seconds` of load (or exactly `cycles` faults); the checker's report
+    plus the run's figures."""
+    names = faults or sorted(ALL)
+    rng = random.Random(seed)
+    cluster = FaultCluster(work_dir, partitions=partitions, fsync=fsync, seed=seed)
+    kills: list[tuple[str, float]] = []
+    done: Counter[str] = Counter()
+    stuck = ""
+    try:
+        cluster.start()
+        cluster.start_workload()
+        cluster.wait_progress()
+        load_started = time.time()
+        started = time.monotonic()
+        while (time.monotonic() - started < seconds if cycles is None
+               else sum(done.values()) < cycles):
+            name = rng.choice(names)
+            if log is not None:
+                print(f"[{time.monotonic() - started:7.1f} s] {name}", file=log, flush=True)
+            try:
+                kills += [(name, t) for t in ALL[name](cluster)]
+                cluster.wait_healthy()
+                cluster.wait_progress()
+            except ClusterStuck as exc:
+                stuck = f"{name}: {exc}"
+                break
+            done[name] += 1
+        replicas = cluster.finish()  # ClusterStuck here: nothing can be checked
+        load_seconds = time.time() - load_started
+        report = check(cluster.history(), replicas, kills)
+    finally:
+        cluster.close()
+    result = report.to_dict()
+    result.update(
+        fault_cycles=sum(done.values()), faults=dict(sorted(done.items())), seed=seed,
+        fsync=fsync.value, partitions=partitions, seconds=round(load_seconds, 1),
+        acked_per_s=round(report.acked / load_seconds, 1) if load_seconds else 0.0,
+        stuck=stuck)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.run")
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--fsync", choices=[p.value for p in FsyncPolicy], default="always")
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--faults", default="", help=f"comma-separated subset of {sorted(ALL)}")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
+    parser.add_argument("--keep", help="work in this directory and keep it (logs, history)")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    faults = [f for f in args.faults.split(",") if f]
+    unknown = sorted(set(faults) - set(ALL))
+    if unknown:
+        parser.error(f"unknown faults: {unknown}")
+    work_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="jetstream-faults-"))
+    try:
+        result = run_mix(work_dir, seconds=args.minutes * 60, seed=seed,
+                         fsync=FsyncPolicy(args.fsync), partitions=args.partitions,
+                         faults=faults or None, log=sys.stderr)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    for key in ("fault_cycles", "acked", "acked_lost", "offset_conflicts", "divergent_replicas",
+                "phantom_reads", "truncated_reads", "duplicates", "unknown", "failed",
+                "failover_p50_s", "failover_p99_s", "acked_per_s", "stuck"):
+        print(f"{key:>20}: {result[key]}")
+    if args.json:
+        print(json.dumps(result))
+    return 0 if result["safe"] and not result["stuck"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

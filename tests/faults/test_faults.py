@@ -1,0 +1,57 @@
+"""The fault suite, each fault on its own and a short random mix: a real nats-server, 3 real
+broker processes with every broker <-> broker link relayed, a workload process publishing with
+ack `all`, and the checker over its history and every replica's final log. Every test fails on
+any acked write lost, offset conflict, phantom, divergent replica or truncated read, and when
+the cluster does not recover (ClusterStuck). Longer runs: `python -m tests.faults.run`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jetstream.stream.config import FsyncPolicy
+from tests.faults.faults import ALL
+from tests.faults.run import run_mix
+
+pytestmark = pytest.mark.slow
+
+#: Faults that kill or cut off a partition leader: each must show a failover.
+LEADER_FAULTS = {"kill_leader": 2, "kill_leader_five_times": 5, "partition_leader": 2,
+                 "blackhole_leader": 2}
+#: A failover slower than this is an availability bug here (loopback, short timeouts).
+FAILOVER_S_MAX = 10.0
+
+
+def assert_safe(result: dict[str, Any]) -> None:
+    summary = {k: result[k] for k in ("acked", "acked_lost", "offset_conflicts",
+                                      "phantom_reads", "divergent_replicas", "truncated_reads",
+                                      "duplicates", "examples", "stuck", "seed")}
+    assert result["safe"], summary
+    assert not result["stuck"], summary
+    assert result["acked"] > 0, summary
+    assert result["duplicates"] == 0, summary
+
+
+@pytest.mark.parametrize("fault", sorted(ALL))
+def test_fault(tmp_path: Path, fault: str) -> None:
+    cycles = 1 if fault in ("kill_leader_five_times", "kill_all") else 2
+    result = run_mix(tmp_path, seconds=0, cycles=cycles, seed=7, fsync=FsyncPolicy.ALWAYS,
+                     faults=[fault])
+    assert_safe(result)
+    assert result["fault_cycles"] == cycles
+    if fault in LEADER_FAULTS:
+        assert len(result["failover_s"]) == LEADER_FAULTS[fault], result["failover_s"]
+        assert result["failover_max_s"] < FAILOVER_S_MAX, result["failover_s"]
+
+
+def test_random_mix(tmp_path: Path) -> None:
+    """A minute of random faults on two partitions with fsync `interval` (acks still wait for
+    the ISR: replication, not fsync, keeps them)."""
+    seed = int(os.environ.get("JETSTREAM_FAULT_SEED", "11"))
+    result = run_mix(tmp_path, seconds=60, seed=seed, fsync=FsyncPolicy.INTERVAL,
+                     partitions=2)
+    assert_safe(result)
+    assert result["fault_cycles"] >= 3
