@@ -27,6 +27,7 @@ from typing import Any
 from jetstream.errors import BrokerUnavailable, FrameError, JetstreamError
 from jetstream.protocol import frames
 from jetstream.protocol import messages as m
+from jetstream.tasks import cancel_and_wait
 
 READ_CHUNK_BYTES = 1024 * 1024
 CONNECT_TIMEOUT_S = 5.0
@@ -115,10 +116,7 @@ class BrokerConnection:
     async def close(self) -> None:
         """Close the connection: requests in flight fail with BrokerUnavailable. Idempotent."""
         self._fail(BrokerUnavailable(self.address, "connection closed by the client"))
-        if self._read_task is not None and self._read_task is not asyncio.current_task():
-            self._read_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._read_task
+        await cancel_and_wait(self._read_task)
         if self._writer is not None:
             self._writer.close()
             with contextlib.suppress(Exception):

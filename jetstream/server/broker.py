@@ -58,6 +58,7 @@ from jetstream.server.socket_api import SocketApi
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
+from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +166,7 @@ class Broker:
             await self._cluster.hand_over(sorted(self._leaders))
         async with self._reconcile_lock:
             self._roles_enabled = False
-        if self._failover_task is not None:
-            self._failover_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._failover_task
+        await cancel_and_wait(self._failover_task)
         await self.socket_api.stop()
         if self._http is not None:
             await self._http.stop()

@@ -20,7 +20,6 @@ replica order (ChangeLeader), waited for, before the broker leaves.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Coroutine
@@ -36,6 +35,7 @@ from jetstream.raft_meta.fsm import ChangeIsr, ChangeLeader, RegisterBroker, Sta
 from jetstream.raft_meta.model import BrokerInfo
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.server.config import BrokerConfig
+from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -193,10 +193,7 @@ class Cluster:
                 log.warning("hand-over of %s/%d failed: %s", stream, partition, exc)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*self._tasks)
         await self.metadata.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -38,6 +38,7 @@ from jetstream.server.config import BrokerConfig
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.epoch import EpochEndOffset
 from jetstream.stream.log import Log
+from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,8 @@ class PartitionFollower:
         self._task = asyncio.create_task(self._run(), name=f"follow {self.name}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._append_done is not None:
             # An append still running in its thread must land before the next role (a leader
             # starting its epoch at the LEO) touches the log.

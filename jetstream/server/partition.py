@@ -66,6 +66,7 @@ from jetstream.server.nats_wire import NatsMsg
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.format import NO_HEADERS, Record
 from jetstream.stream.log import FileSlice, Log
+from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -199,11 +200,7 @@ class PartitionLeader:
     async def _cancel_tasks(self) -> None:
         for task in list(self._proposals):
             task.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
 
     async def stop(self) -> None:

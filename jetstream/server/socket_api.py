@@ -26,6 +26,7 @@ from jetstream.errors import JetstreamError, ProtocolError
 from jetstream.protocol import frames
 from jetstream.protocol import messages as m
 from jetstream.stream.log import FileSlice
+from jetstream.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from jetstream.server.broker import Broker
@@ -60,11 +61,7 @@ class SocketApi:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        for task in list(self._connections):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*self._connections)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)

@@ -267,13 +267,13 @@ class FaultCluster:
             os.kill(self.brokers[b].pid, signal.SIGCONT)
         self.paused.discard(b)
 
-    def isolate(self, b: int, mode: Mode = Mode.DOWN) -> None:
-        """Cut every broker <-> broker link of `b`, both ways (NATS and clients still reach
-        it)."""
+    def isolate(self, b: int, mode: Mode = Mode.DOWN, delay_ms: int = 0) -> None:
+        """Put every broker <-> broker link of `b`, both ways, in `mode` (down: cut off; NATS
+        and clients still reach it)."""
         assert self.relays is not None
         names = [n for n in self.relays.links
                  if n.split(":")[1].startswith(f"{b}>") or n.endswith(f">{b}")]
-        self.relays.set_mode(names, mode)
+        self.relays.set_mode(names, mode, delay_ms)
 
     def heal(self) -> None:
         assert self.relays is not None

@@ -141,6 +141,30 @@ def power_loss(c: FaultCluster) -> list[float]:
     return kills
 
 
+def rolling_restart(c: FaultCluster) -> list[float]:
+    """SIGTERM each broker in turn (it hands its leaderships to in-sync followers first) and
+    restart it once the cluster is healthy again; the hand-overs count as failovers."""
+    handovers: list[float] = []
+    for b in range(BROKERS):
+        c.wait_healthy()
+        leader, _ = _leader(c)
+        stopped_at = time.time()
+        c.brokers[b].stop()  # SIGTERM, waits for the exit
+        if b == leader:
+            handovers.append(stopped_at)
+        c.restart(b)
+    return handovers
+
+
+def slow_links(c: FaultCluster) -> list[float]:
+    """Delay every broker <-> broker byte of one broker by 50-300 ms for 2-5 s."""
+    target = c.rng.randrange(BROKERS)
+    c.isolate(target, Mode.UP, delay_ms=c.rng.randrange(50, 300))
+    hold(c.rng.uniform(2.0, 5.0))
+    c.heal()
+    return []
+
+
 ALL: dict[str, Fault] = {
     "kill_leader": kill_leader,
     "kill_follower": kill_follower,
@@ -151,4 +175,6 @@ ALL: dict[str, Fault] = {
     "partition_leader": partition_leader,
     "blackhole_leader": blackhole_leader,
     "power_loss": power_loss,
+    "rolling_restart": rolling_restart,
+    "slow_links": slow_links,
 }

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 #: Faults that kill or cut off a partition leader: each must show a failover.
 LEADER_FAULTS = {"kill_leader": 2, "kill_leader_five_times": 5, "partition_leader": 2,
-                 "blackhole_leader": 2}
+                 "blackhole_leader": 2, "rolling_restart": 1}
 #: A failover slower than this is an availability bug here (loopback, short timeouts).
 FAILOVER_S_MAX = 10.0
 
@@ -37,7 +37,7 @@ def assert_safe(result: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("fault", sorted(ALL))
 def test_fault(tmp_path: Path, fault: str) -> None:
-    cycles = 1 if fault in ("kill_leader_five_times", "kill_all") else 2
+    cycles = 1 if fault in ("kill_leader_five_times", "kill_all", "rolling_restart") else 2
     result = run_mix(tmp_path, seconds=0, cycles=cycles, seed=7, fsync=FsyncPolicy.ALWAYS,
                      faults=[fault])
     assert_safe(result)

@@ -1,0 +1,29 @@
+"""Stopping asyncio tasks without losing the caller's own cancellation.
+
+`task.cancel()` followed by `with suppress(CancelledError): await task` has two faults: if
+the caller is cancelled while it waits, the suppress swallows the caller's cancellation (the
+caller then runs on as if nothing happened); and a task that swallowed its cancellation
+somewhere keeps running while the caller waits forever. `cancel_and_wait` waits with
+`asyncio.wait`, which never raises what the tasks raise (so a cancellation that arrives
+is the caller's and propagates), and cancels again every RECANCEL_S until the tasks are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+RECANCEL_S = 0.1
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel every task given (None is skipped) and return once all are done; their results,
+    exceptions and cancellations are consumed."""
+    pending = {t for t in tasks if t is not None and t is not asyncio.current_task()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        done, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: no "exception was never retrieved" warning
