@@ -26,8 +26,8 @@ fields, or into RemoteError when the code is unknown here.
     DELETE_STREAM         name                                  {}
     LIST_STREAMS          {}                                    streams: [stream]
     OFFSET_FOR_TIMESTAMP  stream, partition, timestamp_ms       offset (-1: none)
-    END_OFFSET_FOR_EPOCH  stream, partition, leader_epoch       leader_epoch, end_offset
-                                                                (-1, -1: unknown epoch)
+    END_OFFSET_FOR_EPOCH  stream, partition, leader_epoch,      leader_epoch, end_offset
+                          current_leader_epoch=-1               (-1, -1: unknown epoch)
     COMMIT_OFFSET         group, stream, partition, offset,     {}
                           metadata=""
     FETCH_OFFSET          group, stream, partition              offset (-1: none), metadata
@@ -346,17 +346,20 @@ class OffsetForTimestampResponse(Response):
 @dataclass(frozen=True, slots=True)
 class EndOffsetForEpochRequest(Request):
     """KIP-101: a replica that restarts asks the leader where `leader_epoch` ended, and
-    truncates its log there."""
+    truncates its log there. `current_leader_epoch` (KIP-320; -1: unchecked) is the epoch the
+    replica follows in: a leader at another epoch answers FENCED_LEADER_EPOCH instead."""
 
     op: ClassVar[Op] = Op.END_OFFSET_FOR_EPOCH
     stream: str
     partition: int
     leader_epoch: int
+    current_leader_epoch: int = -1
 
     def __post_init__(self) -> None:
         _stream(self.stream)
         _int("partition", self.partition, 0, PARTITION_MAX)
         _int("leader_epoch", self.leader_epoch, 0, EPOCH_MAX)
+        _int("current_leader_epoch", self.current_leader_epoch, -1, EPOCH_MAX)
 
 
 @dataclass(frozen=True, slots=True)

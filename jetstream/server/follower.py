@@ -14,7 +14,10 @@ leader or the epoch changes.
    and made durable through the stream's fsync policy before the next fetch, because the next
    fetch's offset tells the leader that everything below it is held here. The follower's HW
    is min(leader HW, LEO), checkpointed every `checkpoint_interval_ms`.
-3. Errors: a failed round is retried after a bounded, doubling back-off, truncating again
+3. Fence: before each request the follower checks its epoch against the highest this broker
+   recorded (`fence`, jetstream.isr.highest_epochs): it never asks or fetches below it. Its
+   END_OFFSET_FOR_EPOCH requests carry its epoch, so a leader at another epoch refuses them.
+4. Errors: a failed round is retried after a bounded, doubling back-off, truncating again
    first (the leader may have changed its log meanwhile). When the leader has not answered
    for `replica_leader_timeout_ms`, the follower reports it (`report_failure`) to the metadata
    leader, and again at most once per timeout while the silence lasts.
@@ -48,12 +51,18 @@ BACKOFF_MS_MAX = 1_000
 ReportFailure = Callable[[str, int, int], Awaitable[None]]
 #: The socket API address of a broker ("host:port"), or None when unknown.
 AddressOf = Callable[[int], str | None]
+#: Raises FencedLeaderEpoch when the partition's epoch is below the highest recorded.
+Fence = Callable[[PartitionState], None]
+
+
+def _no_fence(state: PartitionState) -> None:
+    """Checks nothing."""
 
 
 class PartitionFollower:
     def __init__(self, stream: StreamConfig, state: PartitionState, log_: Log, *,
                  config: BrokerConfig, executor: Executor | None, address_of: AddressOf,
-                 report_failure: ReportFailure) -> None:
+                 report_failure: ReportFailure, fence: Fence = _no_fence) -> None:
         self.stream = stream
         self.state = state
         self.log = log_
@@ -61,6 +70,7 @@ class PartitionFollower:
         self._executor = executor
         self._address_of = address_of
         self._report_failure = report_failure
+        self._fence = fence
         self.high_watermark = min(log_.read_high_watermark(), log_.log_end_offset)
         self._checkpointed_hw = self.high_watermark
         self._task: asyncio.Task[None] | None = None
@@ -147,8 +157,10 @@ class PartitionFollower:
         """KIP-279: cut off what the leader does not hold (see jetstream.isr.follower)."""
         epoch = epoch_to_ask(self.log.epochs.entries)
         while epoch is not None:
+            self._fence(self.state)
             answer = await conn.request(m.EndOffsetForEpochRequest(
-                self.stream.name, self.state.partition, epoch))
+                self.stream.name, self.state.partition, epoch,
+                current_leader_epoch=self.state.leader_epoch))
             self._answered()
             assert isinstance(answer, m.EndOffsetForEpochResponse)
             step = plan_truncation(
@@ -183,6 +195,7 @@ class PartitionFollower:
     # -- fetching -------------------------------------------------------------------------------
 
     async def _fetch_once(self, conn: BrokerConnection) -> None:
+        self._fence(self.state)
         request = m.FetchRequest(
             self.stream.name, self.state.partition, self.log.log_end_offset,
             self._config.replica_fetch_bytes_max, self._config.replica_fetch_wait_ms,

@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,9 +19,12 @@ import pytest
 import jetstream
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas
+from jetstream.isr import highest_epochs
+from jetstream.isr.highest_epochs import HighestEpochs
 from jetstream.natsd import free_ports
 from jetstream.protocol import messages as m
 from jetstream.server.process import BrokerProcess
+from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.log import Log
 
 T = TypeVar("T")
@@ -285,3 +289,65 @@ async def test_graceful_stop_hands_leadership_over(cluster: list[BrokerProcess])
     assert moved["leader"] == next(r for r in state["replicas"] if r != old.broker_id)
     await publish_acked(cluster, [b"b"])
     assert await read_through(by_id(cluster, moved["leader"]), b"b") == [b"a", b"b"]
+
+
+async def roles(broker: BrokerProcess) -> dict[str, Any]:
+    """This broker's own role for the stream's partition 0 (GET /cluster)."""
+    async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        view = (await http.get(f"{broker.http_url}/cluster")).json()
+    found: dict[str, Any] = next(
+        (r for r in view["roles"] if (r["stream"], r["partition"]) == (STREAM, 0)),
+        {"role": None})
+    return found
+
+
+async def test_no_role_below_the_highest_epoch_recorded(cluster: list[BrokerProcess]) -> None:
+    state = await create_stream(cluster[0])
+    await publish_acked(cluster, [b"a"])
+    first = by_id(cluster, state["leader"])
+    fenced, second = [b for b in cluster if b is not first]
+    assert (await roles(fenced))["role"] == "follower"
+    assert fenced.stop() == 0
+    # As if its metadata journal lost entries it had acted on: it saw epoch 2 already.
+    path = fenced.data_dir / highest_epochs.FILE_NAME
+    recorded = HighestEpochs.parse(path.read_bytes()).highest((STREAM, 0))
+    assert recorded is not None and recorded.leader_epoch == 0
+    write_atomic(path, HighestEpochs({(STREAM, 0): replace(recorded, leader_epoch=2)})
+                 .serialize())
+    fenced.start()
+    # Ready means it has reconciled with the caught-up metadata (epoch 0): no role.
+    assert await roles(fenced) == {"stream": STREAM, "partition": 0, "role": "fenced",
+                                   "leader_epoch": 0, "recorded_leader_epoch": 2}
+    assert "no role until the metadata catches up" in fenced.log_tail()
+    # It fetches nothing, so the leader drops it from the ISR (it would be a leader that
+    # refuses to lead, if chosen: the failover controller would then move on).
+    isr = sorted([first.broker_id, second.broker_id])
+    await eventually(lambda: _isr_is(first, isr), "the fenced broker out of the ISR")
+
+    assert first.stop() == 0  # hands over to `second`: epoch 1, still below 2
+    first.start()
+    at_1 = await eventually(lambda: _isr_is(second, isr), f"ISR {isr} at epoch 1")
+    assert (at_1["leader"], at_1["leader_epoch"]) == (second.broker_id, 1)
+    assert (await roles(fenced))["leader_epoch"] == 1
+    assert (await roles(fenced))["role"] == "fenced"
+    await publish_acked(cluster, [b"b"])
+
+    assert second.stop() == 0  # hands over to `first`: epoch 2, the recorded one
+    second.start()
+    at_2 = await eventually(lambda: _full_isr(first), "every broker in the ISR at epoch 2")
+    assert (at_2["leader"], at_2["leader_epoch"]) == (first.broker_id, 2)
+    assert await roles(fenced) == {"stream": STREAM, "partition": 0, "role": "follower",
+                                   "leader_epoch": 2}
+    assert HighestEpochs.parse(path.read_bytes()).highest((STREAM, 0)) == replace(
+        recorded, leader_epoch=2)
+    await publish_acked(cluster, [b"c"])
+    await eventually(lambda: _full_isr(first), "a full ISR after the last publish")
+    for broker in cluster:
+        broker.stop()
+    copies = {b.broker_id: replica_bytes(b, 3) for b in cluster}
+    assert len(set(copies.values())) == 1, "the fenced broker did not catch up"
+
+
+async def _isr_is(broker: BrokerProcess, isr: list[int]) -> dict[str, Any] | None:
+    state = await partition_state(broker)
+    return state if sorted(state["isr"]) == isr else None

@@ -64,7 +64,7 @@ requests = st.one_of(
     st.builds(m.OffsetForTimestampRequest, stream=names, partition=partitions,
               timestamp_ms=st.integers(-2, m.OFFSET_MAX)),
     st.builds(m.EndOffsetForEpochRequest, stream=names, partition=partitions,
-              leader_epoch=epochs),
+              leader_epoch=epochs, current_leader_epoch=st.integers(-1, m.EPOCH_MAX)),
     st.builds(m.CommitOffsetRequest, group=names, stream=names, partition=partitions,
               offset=offsets, metadata=st.text(max_size=50)),
     st.builds(m.FetchOffsetRequest, group=names, stream=names, partition=partitions),
@@ -168,6 +168,9 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
     assert request == m.FetchRequest("orders", 0, 10, 1024, 500, -1, -1, "committed")
     assert request.to_header() == {**FETCH, "leader_epoch": -1, "replica_id": -1,
                                    "isolation": "committed"}
+    # A peer from before current_leader_epoch leaves it out: unchecked.
+    assert m.EndOffsetForEpochRequest.from_header(
+        {"stream": "s", "partition": 0, "leader_epoch": 3}).current_leader_epoch == -1
     assert m.FetchRequest.from_header({**FETCH, "max_bytes": 64 * 1024 * 1024,
                                        "max_wait_ms": 60_000}).max_bytes == 64 * 1024 * 1024
 
@@ -198,6 +201,8 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
          "timestamp_ms"),
         (m.EndOffsetForEpochRequest, {"stream": "s", "partition": 0, "leader_epoch": -1},
          "leader_epoch"),
+        (m.EndOffsetForEpochRequest, {"stream": "s", "partition": 0, "leader_epoch": 0,
+                                      "current_leader_epoch": -2}, "current_leader_epoch"),
         (m.EndOffsetForEpochResponse, {"leader_epoch": -1, "end_offset": -2}, "end_offset"),
         (m.CommitOffsetRequest, {"group": "g g", "stream": "s", "partition": 0, "offset": 0},
          "group"),
