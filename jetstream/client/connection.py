@@ -115,10 +115,14 @@ class BrokerConnection:
     async def close(self) -> None:
         """Close the connection: requests in flight fail with BrokerUnavailable. Idempotent."""
         self._fail(BrokerUnavailable(self.address, "connection closed by the client"))
-        if self._read_task is not None and self._read_task is not asyncio.current_task():
-            self._read_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._read_task
+        task = self._read_task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            # Not `await task` under suppress(CancelledError): that would also swallow the
+            # cancellation of the caller (a follower being stopped would run on forever).
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved: it ended on its own, and _fail reported it
         if self._writer is not None:
             self._writer.close()
             with contextlib.suppress(Exception):

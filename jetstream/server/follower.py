@@ -79,6 +79,7 @@ class PartitionFollower:
         self._last_report_s = 0.0
         self._checkpoint_s = time.monotonic()
         self._append_done: asyncio.Future[None] | None = None
+        self._stopping = False
 
     @property
     def name(self) -> str:
@@ -88,6 +89,7 @@ class PartitionFollower:
         self._task = asyncio.create_task(self._run(), name=f"follow {self.name}")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -104,12 +106,15 @@ class PartitionFollower:
     # -- the loop -------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        # Loops on `_stopping`, not only until cancelled: on Python 3.11 a cancellation that
+        # lands as a connection fails comes out of asyncio.wait_for as that failure, and a
+        # follower that ran on would hold up the broker's reconcile waiting for it.
         backoff_ms = BACKOFF_MS_MIN
-        while True:
+        while not self._stopping:
             try:
                 conn = await self._connect()
                 await self._truncate(conn)
-                while True:
+                while not self._stopping:
                     await self._fetch_once(conn)
                     backoff_ms = BACKOFF_MS_MIN
             except (JetstreamError, OSError) as exc:
@@ -118,6 +123,8 @@ class PartitionFollower:
             except Exception:  # a bug: keep following rather than leave the replica behind
                 log.exception("%s: follower failed", self.name)
                 await self._disconnect()
+            if self._stopping:
+                return
             await self._maybe_report()
             await asyncio.sleep(backoff_ms / 1000)
             backoff_ms = min(2 * backoff_ms, BACKOFF_MS_MAX)
