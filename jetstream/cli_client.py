@@ -412,7 +412,8 @@ async def sub(js: Client, args: argparse.Namespace) -> int:
         raise UsageError(f"--max must be at least 1, got {args.max}")
     subscription = js.subscribe(args.stream, args.partition, start=start, offset=offset,
                                 timestamp_ms=timestamp_ms,
-                                stop=None if args.follow else "latest")
+                                stop=None if args.follow else "latest",
+                                read_isr_replica=args.read_replica)
     consumer = asyncio.ensure_future(_print_messages(subscription, args))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -531,6 +532,9 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     subscribe.add_argument("--max", type=int, metavar="N", help="stop after N messages")
     subscribe.add_argument("--format", choices=["text", "json"], default="text",
                            help="json: one object per line (--json too)")
+    subscribe.add_argument("--read-replica", action="store_true",
+                           help="read from any in-sync replica, not only the leader (it may "
+                                "lag the leader; never past what it knows is committed)")
 
     cluster = commands.add_parser("cluster", help="cluster state")
     leaf(cluster.add_subparsers(dest="cluster_command", required=True), "status",

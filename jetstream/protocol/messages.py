@@ -17,8 +17,8 @@ fields, or into RemoteError when the code is unknown here.
     op                    request header                        response header
     FETCH                 stream, partition, offset, max_bytes, stream, partition,
                           max_wait_ms, leader_epoch=-1,         high_watermark,
-                          replica_id=-1, isolation="committed"  log_start_offset,
-                                                                log_end_offset, next_offset,
+                          replica_id=-1, isolation="committed", log_start_offset,
+                          read_replica=false                    log_end_offset, next_offset,
                                                                 leader_epoch (+ payload)
     METADATA              streams: [str] | nil (nil: all)       brokers: [{id, host, port}],
                                                                 streams: [stream]
@@ -201,7 +201,11 @@ class FetchRequest(Request):
     """Read records from `offset`, at most `max_bytes` of them (at least one whole batch is
     sent even when larger, so a consumer always progresses), waiting up to `max_wait_ms` for
     records when there are none. Followers pass their `replica_id`, read `uncommitted` and
-    report their LEO as `offset`; `leader_epoch` (-1: unchecked) fences stale leaders."""
+    report their LEO as `offset`; `leader_epoch` (-1: unchecked) fences stale leaders.
+    A consumer that sets `read_replica` may be answered by an in-sync follower (KIP-392)
+    with what is committed as far as that follower knows (the response's HW is the
+    follower's); without it a follower answers NOT_LEADER. A broker that predates the field
+    ignores it and answers as the leader would."""
 
     op: ClassVar[Op] = Op.FETCH
     stream: str
@@ -212,6 +216,7 @@ class FetchRequest(Request):
     leader_epoch: int = -1
     replica_id: int = -1
     isolation: Isolation = "committed"
+    read_replica: bool = False
 
     def __post_init__(self) -> None:
         _stream(self.stream)
@@ -224,6 +229,11 @@ class FetchRequest(Request):
         if self.isolation not in _ISOLATIONS:
             raise _bad("isolation", f"must be one of {list(_ISOLATIONS)}, got "
                                     f"{self.isolation!r}")
+        if not isinstance(self.read_replica, bool):
+            raise _bad("read_replica", f"must be a boolean, got "
+                                       f"{type(self.read_replica).__name__}")
+        if self.read_replica and (self.replica_id >= 0 or self.isolation != "committed"):
+            raise _bad("read_replica", "is for consumers: committed reads without replica_id")
 
 
 @dataclass(frozen=True, slots=True)

@@ -523,6 +523,11 @@ class Broker:
             # Consumers never see uncommitted records (they could be truncated later).
             raise ProtocolError("only replicas may read uncommitted records",
                                 field="isolation")
+        key = (request.stream, request.partition)
+        if request.read_replica and key not in self._leaders:
+            follower = self._followers.get(key)
+            if follower is not None and follower.in_sync:
+                return await self._fetch_from_follower(follower, request)
         leader = self.leader_for(request.stream, request.partition)
         max_bytes = min(request.max_bytes, self.config.fetch_bytes_max)
         wait_ms = min(request.max_wait_ms, self.config.fetch_wait_ms_max)
@@ -536,6 +541,20 @@ class Broker:
             request.stream, request.partition, leader.high_watermark,
             leader.log.log_start_offset, leader.log.log_end_offset, piece.next_offset,
             leader.state.leader_epoch)
+        return response, piece
+
+    async def _fetch_from_follower(self, follower: PartitionFollower, request: m.FetchRequest
+                                   ) -> tuple[m.FetchResponse, Any]:
+        """A consumer's read at an in-sync follower: committed records below the HW this
+        follower knows (it may lag the leader's), never anything later truncated."""
+        max_bytes = min(request.max_bytes, self.config.fetch_bytes_max)
+        wait_ms = min(request.max_wait_ms, self.config.fetch_wait_ms_max)
+        piece = await follower.read(request.offset, max_bytes, wait_ms)
+        log_ = follower.log
+        response = m.FetchResponse(
+            request.stream, request.partition, min(follower.high_watermark, log_.log_end_offset),
+            log_.log_start_offset, log_.log_end_offset, piece.next_offset,
+            follower.state.leader_epoch)
         return response, piece
 
 

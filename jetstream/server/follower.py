@@ -17,7 +17,11 @@ leader or the epoch changes.
 3. Fence: before each request the follower checks its epoch against the highest this broker
    recorded (`fence`, jetstream.isr.highest_epochs): it never asks or fetches below it. Its
    END_OFFSET_FOR_EPOCH requests carry its epoch, so a leader at another epoch refuses them.
-4. Errors: a failed round is retried after a bounded, doubling back-off, truncating again
+4. Reads (KIP-392): a consumer that opts in may read from this follower while it is in the
+   ISR: committed records below the follower's HW, never past it, so never anything a later
+   truncation could remove (truncation never cuts below a committed offset). A reader at the
+   HW long-polls until the HW moves (each fetch response may carry a higher leader HW).
+5. Errors: a failed round is retried after a bounded, doubling back-off, truncating again
    first (the leader may have changed its log meanwhile). When the leader has not answered
    for `replica_leader_timeout_ms`, the follower reports it (`report_failure`) to the metadata
    leader, and again at most once per timeout while the silence lasts.
@@ -40,7 +44,7 @@ from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.epoch import EpochEndOffset
-from jetstream.stream.log import Log
+from jetstream.stream.log import FileSlice, Log
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,7 @@ class PartitionFollower:
         self._last_report_s = 0.0
         self._checkpoint_s = time.monotonic()
         self._append_done: asyncio.Future[None] | None = None
+        self._hw_changed = asyncio.Event()
         self._stopping = False
 
     @property
@@ -88,8 +93,14 @@ class PartitionFollower:
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"follow {self.name}")
 
+    @property
+    def in_sync(self) -> bool:
+        """In the ISR as the metadata last told this broker."""
+        return self._config.broker_id in self.state.isr
+
     async def stop(self) -> None:
         self._stopping = True
+        self._wake_readers()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -214,9 +225,34 @@ class PartitionFollower:
             self._append_done = asyncio.get_running_loop().run_in_executor(
                 self._executor, self._append, payload)
             await asyncio.shield(self._append_done)
-        self.high_watermark = max(self.high_watermark,
-                                  min(response.high_watermark, self.log.log_end_offset))
+        hw = min(response.high_watermark, self.log.log_end_offset)
+        if hw > self.high_watermark:
+            self.high_watermark = hw
+            self._wake_readers()
         self._maybe_checkpoint()
+
+    # -- consumer reads ---------------------------------------------------------------------------
+
+    async def read(self, offset: int, max_bytes: int, max_wait_ms: int) -> FileSlice:
+        """Batches from `offset`, never at or past this follower's HW, waiting up to
+        `max_wait_ms` for it to move when the reader is caught up."""
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            bound = self.high_watermark
+            if bound < offset <= self.log.log_end_offset:
+                piece = FileSlice(-1, 0, 0, offset, offset)  # ahead of the HW: wait for it
+            else:
+                piece = self.log.read(offset, max_bytes, upper_bound=bound)
+            remaining = deadline - time.monotonic()
+            if piece.length or remaining <= 0 or self._stopping:
+                return piece
+            changed = self._hw_changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    def _wake_readers(self) -> None:
+        changed, self._hw_changed = self._hw_changed, asyncio.Event()
+        changed.set()
 
     def _append(self, payload: bytes) -> None:
         """Append and make durable by the stream's policy (in a thread: it may fsync): at once

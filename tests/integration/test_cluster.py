@@ -17,14 +17,16 @@ import httpx
 import pytest
 
 import jetstream
+from jetstream.client import client as client_module
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas
+from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas, NotLeader
 from jetstream.isr import highest_epochs
 from jetstream.isr.highest_epochs import HighestEpochs
 from jetstream.natsd import free_ports
 from jetstream.protocol import messages as m
 from jetstream.server.process import BrokerProcess
 from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.format import StoredRecord, decode_batches
 from jetstream.stream.log import Log
 
 T = TypeVar("T")
@@ -351,3 +353,71 @@ async def test_no_role_below_the_highest_epoch_recorded(cluster: list[BrokerProc
 async def _isr_is(broker: BrokerProcess, isr: list[int]) -> dict[str, Any] | None:
     state = await partition_state(broker)
     return state if sorted(state["isr"]) == isr else None
+
+
+async def follower_reads(conn: BrokerConnection, offset: int, max_wait_ms: int = 1000
+                         ) -> tuple[m.FetchResponse, list[StoredRecord]]:
+    response, payload = await conn.fetch(m.FetchRequest(STREAM, 0, offset, 1 << 20,
+                                                        max_wait_ms, read_replica=True))
+    return response, decode_batches(payload, min_offset=offset)
+
+
+async def test_consumers_read_committed_records_from_in_sync_followers(
+        cluster: list[BrokerProcess]) -> None:
+    state = await create_stream(cluster[0])
+    values = [f"r{i}".encode() for i in range(40)]
+    await publish_acked(cluster, values)
+    followers = [b for b in cluster if b.broker_id != state["leader"]]
+    for follower in followers:
+        conn = BrokerConnection(follower.address, client_id="test")
+        await conn.open()
+        try:
+            with pytest.raises(NotLeader):  # not without the opt-in
+                await conn.fetch(m.FetchRequest(STREAM, 0, 0, 1 << 20, 0))
+            read: list[StoredRecord] = []
+            deadline = time.monotonic() + DEADLINE_S
+            while len(read) < len(values):
+                assert time.monotonic() < deadline, f"broker {follower.broker_id}: {read}"
+                response, records = await follower_reads(conn, len(read))
+                # Never at or past the HW it answers with, which is its own.
+                assert all(r.offset < response.high_watermark for r in records)
+                assert response.high_watermark <= response.log_end_offset
+                read += records
+            assert [r.offset for r in read] == list(range(len(values)))
+            assert [r.value for r in read] == values
+
+            # A reader at the follower's HW waits until the HW moves, and no longer.
+            waiting = asyncio.ensure_future(follower_reads(conn, len(values), 20_000))
+            started = time.monotonic()
+            await publish_acked(cluster, [f"late{follower.broker_id}".encode()])
+            response, records = await waiting
+            assert [r.value for r in records] == [f"late{follower.broker_id}".encode()]
+            assert time.monotonic() - started < 10, "the long poll did not wake on the HW"
+            values.append(records[0].value)
+        finally:
+            await conn.close()
+
+
+async def test_client_reads_from_a_chosen_isr_replica_and_falls_back_to_the_leader(
+        cluster: list[BrokerProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    state = await create_stream(cluster[0])
+    values = [f"s{i}".encode() for i in range(30)]
+    await publish_acked(cluster, values)
+    follower = next(b for b in cluster if b.broker_id != state["leader"])
+
+    class PickFollower:
+        @staticmethod
+        def choice(isr: list[int]) -> int:
+            assert follower.broker_id in isr
+            return follower.broker_id
+
+    monkeypatch.setattr(client_module, "random", PickFollower)
+    leader = by_id(cluster, state["leader"])
+    async with jetstream.connect(leader.address) as js:
+        async with js.subscribe(STREAM, stop="latest", read_isr_replica=True) as sub:
+            assert [msg.value async for msg in sub] == values
+        assert js._read_replicas == {(STREAM, 0): follower.broker_id}
+        assert follower.stop() == 0  # a follower: nothing to hand over
+        result = await js.fetch(STREAM, 0, 0, read_isr_replica=True)  # at the leader now
+        assert [msg.value for msg in result.messages] == values
+        assert js._read_replicas == {}

@@ -55,6 +55,9 @@ requests = st.one_of(
               leader_epoch=st.integers(-1, m.EPOCH_MAX),
               replica_id=st.integers(-1, m.BROKER_ID_MAX),
               isolation=st.sampled_from(["committed", "uncommitted"])),
+    st.builds(m.FetchRequest, stream=names, partition=partitions, offset=offsets,
+              max_bytes=st.integers(1, m.FETCH_BYTES_MAX),
+              max_wait_ms=st.integers(0, m.FETCH_WAIT_MS_MAX), read_replica=st.booleans()),
     st.builds(m.MetadataRequest, streams=st.none() | st.lists(names, max_size=5)),
     st.builds(m.CreateStreamRequest, config=st.dictionaries(
         st.text(max_size=10), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=10)
@@ -153,6 +156,9 @@ DROP = object()
         (with_(FETCH, replica_id=-2), "replica_id"),
         (with_(FETCH, isolation="dirty"), "isolation"),
         (with_(FETCH, isolation=1), "isolation"),
+        (with_(FETCH, read_replica=1), "read_replica"),
+        (with_(FETCH, read_replica=True, replica_id=2), "read_replica"),
+        (with_(FETCH, read_replica=True, isolation="uncommitted"), "read_replica"),
     ],
 )
 def test_fetch_request_validation(header: dict[str, Any], field: str) -> None:
@@ -167,7 +173,7 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
     request = m.FetchRequest.from_header({**FETCH, "from_the_future": [1, 2]})
     assert request == m.FetchRequest("orders", 0, 10, 1024, 500, -1, -1, "committed")
     assert request.to_header() == {**FETCH, "leader_epoch": -1, "replica_id": -1,
-                                   "isolation": "committed"}
+                                   "isolation": "committed", "read_replica": False}
     # A peer from before current_leader_epoch leaves it out: unchecked.
     assert m.EndOffsetForEpochRequest.from_header(
         {"stream": "s", "partition": 0, "leader_epoch": 3}).current_leader_epoch == -1
