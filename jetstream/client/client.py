@@ -50,6 +50,7 @@ from jetstream.client.types import (
     BrokerInfo,
     FetchResult,
     Message,
+    PartitionInfo,
     PublishMessage,
     Start,
     StreamInfo,
@@ -143,6 +144,8 @@ class Client:
         self._connections: dict[int, BrokerConnection] = {}
         self._connect_lock = asyncio.Lock()
         self._brokers: dict[int, BrokerInfo] = {}
+        #: The broker leading the metadata as of the last refresh; None when unknown.
+        self.metadata_leader: int | None = None
         self._streams: dict[str, StreamInfo] = {}
         self._by_subject: dict[str, list[StreamInfo]] = {}
         self._metadata_at = float("-inf")
@@ -201,6 +204,7 @@ class Client:
         response = await self._admin(m.MetadataRequest())
         assert isinstance(response, m.MetadataResponse)
         self._brokers = {b["id"]: BrokerInfo.from_dict(b) for b in response.brokers}
+        self.metadata_leader = None if response.metadata_leader < 0 else response.metadata_leader
         self._set_streams([StreamInfo.from_dict(s) for s in response.streams])
 
     def _set_streams(self, streams: Iterable[StreamInfo]) -> None:
@@ -498,6 +502,25 @@ class Client:
 
     def _forget_subscription(self, subscription: Subscription) -> None:
         self._subscriptions.discard(subscription)
+
+    async def partition_status(self, stream: str, partition: int) -> PartitionInfo:
+        """The partition as its leader describes it: offsets included (high watermark, log
+        start and end, and each replica's log end offset as the leader knows it). One
+        request at the leader the metadata names, not retried (a status view should not
+        wait for a failover): raises UnknownStream, UnknownPartition, NotLeader (that broker
+        does not lead it) or BrokerUnavailable."""
+        conn = await self._leader_connection(stream, partition)
+        response = await conn.request(m.MetadataRequest([stream]))
+        assert isinstance(response, m.MetadataResponse)
+        if not response.streams:
+            raise UnknownStream(stream)
+        info = StreamInfo.from_dict(response.streams[0])
+        if not 0 <= partition < info.partition_count:
+            raise UnknownPartition(stream, partition)
+        found = info.partitions[partition]
+        if found.log_end_offset is None:  # that broker does not lead it (any more)
+            raise NotLeader(stream, partition, found.leader)
+        return found
 
     async def offset_for_timestamp(self, stream: str, partition: int, timestamp_ms: int) -> int:
         """The first offset whose message has a timestamp at or after `timestamp_ms`; the high

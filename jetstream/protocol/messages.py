@@ -21,7 +21,8 @@ fields, or into RemoteError when the code is unknown here.
                           read_replica=false                    log_end_offset, next_offset,
                                                                 leader_epoch (+ payload)
     METADATA              streams: [str] | nil (nil: all)       brokers: [{id, host, port}],
-                                                                streams: [stream]
+                                                                streams: [stream],
+                                                                metadata_leader=-1
     CREATE_STREAM         config: map                           {}
     DELETE_STREAM         name                                  {}
     LIST_STREAMS          {}                                    streams: [stream]
@@ -35,6 +36,8 @@ fields, or into RemoteError when the code is unknown here.
                           reporter
     stream = {name, subject, partitions: [{partition, leader (-1: none), leader_epoch,
               replicas: [int], isr: [int]}], ...any other keys, passed through}
+    (the partition leader's broker adds high_watermark, log_start_offset, log_end_offset and
+    replica_end_offsets: {"<broker id>": LEO | nil}, each replica's LEO as it knows it)
 """
 
 from __future__ import annotations
@@ -284,13 +287,18 @@ class MetadataRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class MetadataResponse(Response):
+    """`metadata_leader`: the broker leading the metadata (Raft), -1 when unknown (during an
+    election, or from a broker that predates the field)."""
+
     brokers: list[dict[str, Any]]
     streams: list[dict[str, Any]]
+    metadata_leader: int = -1
 
     def __post_init__(self) -> None:
         for i, broker in enumerate(_list("brokers", self.brokers)):
             _check_broker(f"brokers[{i}]", broker)
         _check_streams("streams", self.streams)
+        _int("metadata_leader", self.metadata_leader, -1, BROKER_ID_MAX)
 
 
 @dataclass(frozen=True, slots=True)

@@ -436,7 +436,8 @@ class Broker:
             if leader is not None:
                 entry.update(high_watermark=leader.high_watermark,
                              log_start_offset=leader.log.log_start_offset,
-                             log_end_offset=leader.log.log_end_offset)
+                             log_end_offset=leader.log.log_end_offset,
+                             replica_end_offsets=_replica_end_offsets(leader))
             partitions.append(entry)
         return {**config.to_dict(), "partitions": partitions}
 
@@ -486,7 +487,9 @@ class Broker:
         if isinstance(request, m.FetchRequest):
             return await self._fetch(request)
         if isinstance(request, m.MetadataRequest):
-            return m.MetadataResponse(self.brokers(), self.describe_streams(request.streams))
+            leader = self.metadata_status()["metadata_leader"]
+            return m.MetadataResponse(self.brokers(), self.describe_streams(request.streams),
+                                      -1 if leader is None else leader)
         if isinstance(request, m.ListStreamsRequest):
             return m.ListStreamsResponse(self.describe_streams())
         if isinstance(request, m.CreateStreamRequest):
@@ -556,6 +559,17 @@ class Broker:
             log_.log_start_offset, log_.log_end_offset, piece.next_offset,
             follower.state.leader_epoch)
         return response, piece
+
+
+def _replica_end_offsets(leader: PartitionLeader) -> dict[str, int | None]:
+    """Each replica's log end offset as the leader knows it (its own LEO; a follower's from
+    its last fetch in this leader epoch, None before one). Keys are broker ids as strings
+    (msgpack and JSON maps)."""
+    isr = leader.isr
+    if isr is None:
+        return {str(leader.state.leader): leader.log.log_end_offset}
+    return {str(r): leader.log.log_end_offset if r == isr.leader_id
+            else isr.follower_state(r).log_end_offset for r in leader.state.replicas}
 
 
 def _mark(state: PartitionState) -> EpochMark:

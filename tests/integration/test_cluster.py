@@ -5,6 +5,7 @@ restarted broker rejoining the ISR, and min_isr refusing `all` publishes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -28,6 +29,8 @@ from jetstream.server.process import BrokerProcess
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.format import StoredRecord, decode_batches
 from jetstream.stream.log import Log
+from tests.integration.test_cli import jetstream as cli
+from tests.integration.test_cli import json_of as cli_json
 
 T = TypeVar("T")
 STREAM = "orders"
@@ -421,3 +424,45 @@ async def test_client_reads_from_a_chosen_isr_replica_and_falls_back_to_the_lead
         result = await js.fetch(STREAM, 0, 0, read_isr_replica=True)  # at the leader now
         assert [msg.value for msg in result.messages] == values
         assert js._read_replicas == {}
+
+
+def test_cluster_status_shows_offsets_of_every_partition_and_replica(
+        cluster: list[BrokerProcess]) -> None:
+    state = asyncio.run(create_stream(cluster[0]))
+    asyncio.run(publish_acked(cluster, [f"v{i}".encode() for i in range(7)]))
+    leader = state["leader"]
+    # Asked through a broker that does not lead the partition: it asks the leader.
+    other = next(b for b in cluster if b.broker_id != leader)
+    brokers = ",".join([other.address])
+
+    def caught_up() -> dict[str, Any] | None:
+        status = cli_json(brokers, "cluster", "status")
+        leos = status["partitions"][0]["replica_end_offsets"]
+        return status if sorted(leos.values()) == [7, 7, 7] else None
+
+    status = asyncio.run(eventually_sync(caught_up, "every replica's LEO at 7"))
+    views = [httpx.get(f"{b.http_url}/cluster", timeout=DEADLINE_S).json() for b in cluster]
+    assert status["metadata_leader"] == views[0]["metadata_leader"]
+    assert [b["id"] for b in status["brokers"]] == [0, 1, 2]
+    [row] = status["partitions"]
+    assert (row["stream"], row["partition"], row["leader"], row["leader_epoch"]) == (
+        STREAM, 0, leader, 0)
+    assert sorted(row["isr"]) == [0, 1, 2]
+    assert (row["high_watermark"], row["log_end_offset"]) == (7, 7)
+    assert row["replica_end_offsets"] == {"0": 7, "1": 7, "2": 7}
+
+    human = cli(brokers, "cluster", "status").stdout
+    assert f"metadata leader: broker {status['metadata_leader']}" in human
+    cells = next(line.split() for line in human.splitlines() if line.startswith(STREAM))
+    assert cells[0:4] == [STREAM, "0", str(leader), "0"] and cells[-2:] == ["7", "7"]
+
+    # A follower read through the CLI: the same committed values.
+    read = cli(other.address, "sub", STREAM, "--read-replica", "--format", "json").stdout
+    assert [json.loads(line)["value"] for line in read.splitlines()] == [
+        f"v{i}" for i in range(7)]
+
+
+async def eventually_sync(probe: Callable[[], T | None], what: str) -> T:
+    async def once() -> T | None:
+        return await asyncio.to_thread(probe)
+    return await eventually(once, what)

@@ -75,7 +75,8 @@ requests = st.one_of(
 responses = st.one_of(
     fetch_responses,
     st.builds(m.MetadataResponse, brokers=st.lists(brokers, max_size=3),
-              streams=st.lists(stream_descriptions, max_size=3)),
+              streams=st.lists(stream_descriptions, max_size=3),
+              metadata_leader=st.integers(-1, m.BROKER_ID_MAX)),
     st.builds(m.ListStreamsResponse, streams=st.lists(stream_descriptions, max_size=3)),
     st.builds(m.OffsetForTimestampResponse, offset=st.integers(-1, m.OFFSET_MAX)),
     st.builds(m.EndOffsetForEpochResponse, leader_epoch=st.integers(-1, m.EPOCH_MAX),
@@ -174,6 +175,7 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
     assert request == m.FetchRequest("orders", 0, 10, 1024, 500, -1, -1, "committed")
     assert request.to_header() == {**FETCH, "leader_epoch": -1, "replica_id": -1,
                                    "isolation": "committed", "read_replica": False}
+    assert m.MetadataResponse.from_header({"brokers": [], "streams": []}).metadata_leader == -1
     # A peer from before current_leader_epoch leaves it out: unchecked.
     assert m.EndOffsetForEpochRequest.from_header(
         {"stream": "s", "partition": 0, "leader_epoch": 3}).current_leader_epoch == -1
@@ -200,6 +202,8 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
                  "isr": [True]}]}]}, "streams[0].partitions[0].isr[0]"),
         (m.MetadataResponse, {"brokers": [], "streams": [
             {"name": "s", "subject": "a..b", "partitions": []}]}, "streams[0].subject"),
+        (m.MetadataResponse, {"brokers": [], "streams": [], "metadata_leader": -2},
+         "metadata_leader"),
         (m.CreateStreamRequest, {"config": [1]}, "config"),
         (m.CreateStreamRequest, {"config": {1: 2}}, "config"),
         (m.DeleteStreamRequest, {}, "name"),
