@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
@@ -285,19 +286,25 @@ async def stream_delete(js: Client, args: argparse.Namespace) -> int:
 
 
 async def cluster_status(js: Client, args: argparse.Namespace) -> int:
-    from jetstream.protocol.messages import LATEST_TIMESTAMP
+    from jetstream.errors import JetstreamError
 
     streams = await js.list_streams()
+    await js.refresh_metadata()  # brokers and the metadata leader
     brokers = [{**asdict(b), "address": b.address} for b in js.brokers]
     partitions = []
     for stream in streams:
         for p in stream.partitions:
+            if p.log_end_offset is None:  # the answering broker does not lead it: ask the leader
+                with contextlib.suppress(JetstreamError):  # else they stay unknown: "-", null
+                    p = await js.partition_status(stream.name, p.partition)
             row = asdict(p)
-            if p.high_watermark is None:  # the answering broker does not lead it: ask the leader
-                row["high_watermark"] = await js.offset_for_timestamp(
-                    stream.name, p.partition, LATEST_TIMESTAMP)
+            leos = row.pop("replica_end_offsets") or {}
+            row["replica_end_offsets"] = {str(k): v for k, v in leos.items()}
             partitions.append(row)
+    leader = js.metadata_leader
     human = "\n".join([
+        f"metadata leader: {'unknown' if leader is None else f'broker {leader}'}",
+        "",
         f"brokers ({len(brokers)})",
         table(["ID", "ADDRESS", "HTTP", "NATS"],
               [(b["id"], b["address"], b["http_port"] or None, b["nats_url"] or None)
@@ -308,7 +315,8 @@ async def cluster_status(js: Client, args: argparse.Namespace) -> int:
                 _ids(p["replicas"]), p["high_watermark"], p["log_end_offset"])
                for p in partitions]),
     ])
-    _emit(args, {"brokers": brokers, "partitions": partitions}, human)
+    _emit(args, {"metadata_leader": leader, "brokers": brokers, "partitions": partitions},
+          human)
     return 0
 
 
@@ -412,7 +420,8 @@ async def sub(js: Client, args: argparse.Namespace) -> int:
         raise UsageError(f"--max must be at least 1, got {args.max}")
     subscription = js.subscribe(args.stream, args.partition, start=start, offset=offset,
                                 timestamp_ms=timestamp_ms,
-                                stop=None if args.follow else "latest")
+                                stop=None if args.follow else "latest",
+                                read_isr_replica=args.read_replica)
     consumer = asyncio.ensure_future(_print_messages(subscription, args))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -531,7 +540,11 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     subscribe.add_argument("--max", type=int, metavar="N", help="stop after N messages")
     subscribe.add_argument("--format", choices=["text", "json"], default="text",
                            help="json: one object per line (--json too)")
+    subscribe.add_argument("--read-replica", action="store_true",
+                           help="read from any in-sync replica, not only the leader (it may "
+                                "lag the leader; never past what it knows is committed)")
 
     cluster = commands.add_parser("cluster", help="cluster state")
     leaf(cluster.add_subparsers(dest="cluster_command", required=True), "status",
-         cluster_status, "brokers, and each partition's leader, ISR, epoch, HW and LEO")
+         cluster_status, "brokers, the metadata leader, and each partition's leader, ISR, "
+                         "epoch, HW and LEO (--json: each replica's LEO too)")

@@ -38,6 +38,7 @@ import asyncio
 import atexit
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -98,6 +99,31 @@ def free_ports(count: int) -> list[int]:
         for sock in sockets:
             sock.bind((HOST, 0))
         return [sock.getsockname()[1] for sock in sockets]
+
+
+#: Ports below Linux's default ephemeral range (32768-60999): the kernel never hands them out
+#: to outgoing connections, so a server restarted on one finds it free again.
+RESTARTABLE_PORTS = range(20_000, 32_768)
+
+
+def restartable_ports(count: int, rng: random.Random | None = None) -> list[int]:
+    """`count` distinct loopback ports, free a moment ago, outside the ephemeral range: for
+    servers that are stopped and started again on the same port while other processes open
+    connections (an outgoing connection, even one to itself, could take an ephemeral port
+    that was free while its server was down)."""
+    rng = rng or random.Random()
+    ports: list[int] = []
+    while len(ports) < count:
+        port = rng.choice(RESTARTABLE_PORTS)
+        if port in ports:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
 
 
 @dataclass(frozen=True, slots=True)

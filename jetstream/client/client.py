@@ -18,7 +18,11 @@ through NATS.
   key; else the subject as is (partition 0 of every stream on it).
 - Reading: `fetch` is one Fetch at the partition's leader, its record batches decoded and
   CRC-checked (jetstream.stream.format.decode_batches); `subscribe` (subscription.py) pulls
-  batch after batch with one fetch in flight ahead of the consumer.
+  batch after batch with one fetch in flight ahead of the consumer. With
+  `read_isr_replica=True` a fetch goes to a replica of the partition's ISR (chosen at random
+  from the metadata, kept while it answers), which serves what is committed as far as it
+  knows (KIP-392); on any error there the fetch is retried at the leader and another replica
+  is chosen next time.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import contextlib
 import functools
 import itertools
 import os
+import random
 import time
 import uuid
 import weakref
@@ -45,6 +50,7 @@ from jetstream.client.types import (
     BrokerInfo,
     FetchResult,
     Message,
+    PartitionInfo,
     PublishMessage,
     Start,
     StreamInfo,
@@ -138,11 +144,15 @@ class Client:
         self._connections: dict[int, BrokerConnection] = {}
         self._connect_lock = asyncio.Lock()
         self._brokers: dict[int, BrokerInfo] = {}
+        #: The broker leading the metadata as of the last refresh; None when unknown.
+        self.metadata_leader: int | None = None
         self._streams: dict[str, StreamInfo] = {}
         self._by_subject: dict[str, list[StreamInfo]] = {}
         self._metadata_at = float("-inf")
         self._refreshing: asyncio.Future[None] | None = None
         self._round_robin: dict[str, itertools.count[int]] = {}
+        #: The ISR replica each partition read with `read_isr_replica` is fetched from.
+        self._read_replicas: dict[tuple[str, int], int] = {}
         # Subjects already checked: a publisher usually repeats a few, and the check is slow.
         self._valid_subjects: set[str] = set()
         self._publisher: Publisher | None = None
@@ -194,6 +204,7 @@ class Client:
         response = await self._admin(m.MetadataRequest())
         assert isinstance(response, m.MetadataResponse)
         self._brokers = {b["id"]: BrokerInfo.from_dict(b) for b in response.brokers}
+        self.metadata_leader = None if response.metadata_leader < 0 else response.metadata_leader
         self._set_streams([StreamInfo.from_dict(s) for s in response.streams])
 
     def _set_streams(self, streams: Iterable[StreamInfo]) -> None:
@@ -406,15 +417,60 @@ class Client:
     # -- reading ------------------------------------------------------------------------------
 
     async def fetch(self, stream: str, partition: int = 0, offset: int = 0, *,
-                    max_bytes: int = FETCH_BYTES_DEFAULT, max_wait_ms: int = 0) -> FetchResult:
+                    max_bytes: int = FETCH_BYTES_DEFAULT, max_wait_ms: int = 0,
+                    read_isr_replica: bool = False) -> FetchResult:
         """One Fetch at the partition's leader: committed messages from `offset`, about
         `max_bytes` of them (at least one), waiting up to `max_wait_ms` when there are none
-        yet. Raises UnknownStream, UnknownPartition, OffsetOutOfRange (below the log start
-        or past the log end: see its oldest/newest), CorruptRecord (a batch failed its CRC),
-        BrokerUnavailable or NotLeader when retries at the leader ran out."""
-        request = m.FetchRequest(stream, partition, offset, max_bytes, max_wait_ms)
+        yet. With `read_isr_replica`, at a replica of the ISR instead (leader or follower):
+        a follower answers only with what it knows is committed, so it may lag the leader
+        (its high watermark is the result's), and the fetch falls back to the leader when it
+        fails there. Raises UnknownStream, UnknownPartition, OffsetOutOfRange (below the log
+        start or past the log end: see its oldest/newest), CorruptRecord (a batch failed its
+        CRC), BrokerUnavailable or NotLeader when retries at the leader ran out."""
+        request = m.FetchRequest(stream, partition, offset, max_bytes, max_wait_ms,
+                                 read_replica=read_isr_replica)
+        if read_isr_replica:
+            result = await self._fetch_from_replica(stream, partition, request)
+            if result is not None:
+                return result
         return await self._with_leader(stream, partition,
                                        lambda conn: _fetch_once(conn, request))
+
+    async def _fetch_from_replica(self, stream: str, partition: int,
+                                  request: m.FetchRequest) -> FetchResult | None:
+        """`request` at the partition's chosen ISR replica; None when there is none or it
+        failed (the caller asks the leader)."""
+        key = (stream, partition)
+        replica = await self._read_replica(stream, partition)
+        if replica is None:
+            return None
+        try:
+            return await _fetch_once(await self._connection(self._brokers[replica].address),
+                                     request)
+        except JetstreamError as exc:
+            if self._closed:
+                raise
+            self._read_replicas.pop(key, None)
+            if isinstance(exc, NotLeader):  # it left the ISR, or the metadata moved on
+                await self._refresh_quietly()
+            return None
+
+    async def _read_replica(self, stream: str, partition: int) -> int | None:
+        """The ISR replica fetched from with `read_isr_replica`: kept while it is in the
+        ISR the metadata names, else one picked at random."""
+        info = self._streams.get(stream)
+        if info is None:
+            info = await self.stream_info(stream)  # raises UnknownStream
+        if not 0 <= partition < info.partition_count:
+            raise UnknownPartition(stream, partition)
+        isr = [b for b in info.partitions[partition].isr if b in self._brokers]
+        chosen = self._read_replicas.get((stream, partition))
+        if chosen in isr:
+            return chosen
+        if not isr:
+            return None
+        chosen = self._read_replicas[(stream, partition)] = random.choice(isr)
+        return chosen
 
     def subscribe(
         self,
@@ -427,6 +483,7 @@ class Client:
         stop: StopAt = None,
         max_bytes: int = FETCH_BYTES_DEFAULT,
         max_wait_ms: int = 1000,
+        read_isr_replica: bool = False,
     ) -> Subscription:
         """An async iterator of the partition's committed messages from `start` (EARLIEST,
         LATEST, NEW_ONLY, OFFSET with `offset=`, TIMESTAMP with `timestamp_ms=`) until `stop`:
@@ -434,15 +491,36 @@ class Client:
         after the high watermark seen when it starts, an int stops before that offset.
         Positions are read when it starts: `sub = await js.subscribe(...)`, `async with
         js.subscribe(...) as sub`, or the first iteration. Iterating raises what `fetch`
-        raises; leaving `async with` or `close()` releases it."""
+        raises; leaving `async with` or `close()` releases it. With `read_isr_replica`, the
+        messages are fetched from a replica of the ISR (see `fetch`); positions are still
+        read at the leader."""
         subscription = Subscription(self, stream, partition, start=start, offset=offset,
                                     timestamp_ms=timestamp_ms, stop=stop, max_bytes=max_bytes,
-                                    max_wait_ms=max_wait_ms)
+                                    max_wait_ms=max_wait_ms, read_isr_replica=read_isr_replica)
         self._subscriptions.add(subscription)
         return subscription
 
     def _forget_subscription(self, subscription: Subscription) -> None:
         self._subscriptions.discard(subscription)
+
+    async def partition_status(self, stream: str, partition: int) -> PartitionInfo:
+        """The partition as its leader describes it: offsets included (high watermark, log
+        start and end, and each replica's log end offset as the leader knows it). One
+        request at the leader the metadata names, not retried (a status view should not
+        wait for a failover): raises UnknownStream, UnknownPartition, NotLeader (that broker
+        does not lead it) or BrokerUnavailable."""
+        conn = await self._leader_connection(stream, partition)
+        response = await conn.request(m.MetadataRequest([stream]))
+        assert isinstance(response, m.MetadataResponse)
+        if not response.streams:
+            raise UnknownStream(stream)
+        info = StreamInfo.from_dict(response.streams[0])
+        if not 0 <= partition < info.partition_count:
+            raise UnknownPartition(stream, partition)
+        found = info.partitions[partition]
+        if found.log_end_offset is None:  # that broker does not lead it (any more)
+            raise NotLeader(stream, partition, found.leader)
+        return found
 
     async def offset_for_timestamp(self, stream: str, partition: int, timestamp_ms: int) -> int:
         """The first offset whose message has a timestamp at or after `timestamp_ms`; the high

@@ -3,7 +3,8 @@
 Theory of operation: on first use the subscription resolves where to start (the log start
 offset, the high watermark, an offset or a timestamp, through OffsetForTimestamp) and where
 to stop ("latest": the high watermark at that moment; an int; or never). Then it fetches
-batch after batch from the partition's leader. To overlap the broker's work and the network
+batch after batch from the partition's leader (or, with `read_isr_replica`, from a replica
+of its ISR: Client.fetch). To overlap the broker's work and the network
 with the consumer's, it keeps one fetch in flight: as soon as a fetch returns, the next one
 (from its `next_offset`) is started, and only then are the messages handed out. When the
 consumer has caught up, that fetch is a long poll (`max_wait_ms`) which returns as soon as
@@ -41,7 +42,7 @@ class Subscription:
 
     def __init__(self, client: Client, stream: str, partition: int, *, start: Start,
                  offset: int | None, timestamp_ms: int | None, stop: StopAt, max_bytes: int,
-                 max_wait_ms: int) -> None:
+                 max_wait_ms: int, read_isr_replica: bool = False) -> None:
         _check_start(start, offset, timestamp_ms)
         if not (stop is None or stop == "latest"
                 or (isinstance(stop, int) and not isinstance(stop, bool) and stop >= 0)):
@@ -58,6 +59,7 @@ class Subscription:
         self._stop = stop
         self._max_bytes = max_bytes
         self._max_wait_ms = max_wait_ms
+        self._read_isr_replica = read_isr_replica
         #: The offset of the next message to fetch; None until the start is resolved.
         self.position: int | None = None
         #: Offset this subscription stops before; None: never.
@@ -140,7 +142,7 @@ class Subscription:
         assert self.position is not None
         self._inflight = asyncio.ensure_future(self._client.fetch(
             self.stream, self.partition, self.position, max_bytes=self._max_bytes,
-            max_wait_ms=self._max_wait_ms))
+            max_wait_ms=self._max_wait_ms, read_isr_replica=self._read_isr_replica))
         # A prefetch nobody awaits (the consumer stopped early) must not log its failure.
         self._inflight.add_done_callback(_retrieve)
 

@@ -70,7 +70,8 @@ class BrokerInfo:
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
     """One partition: who leads it, its replicas, and its offsets when the broker that
-    answered leads it (else None)."""
+    answered leads it (else None): among them each replica's log end offset as the leader
+    knows it (None for a follower that has not fetched in this leader epoch)."""
 
     stream: str
     partition: int
@@ -82,13 +83,17 @@ class PartitionInfo:
     high_watermark: int | None = None
     log_start_offset: int | None = None
     log_end_offset: int | None = None
+    replica_end_offsets: Mapping[int, int | None] | None = None
 
     @classmethod
     def from_dict(cls, stream: str, subject: str, data: Mapping[str, Any]) -> PartitionInfo:
+        leos = data.get("replica_end_offsets")
         return cls(stream, data["partition"], data.get("subject", subject), data["leader"],
                    data["leader_epoch"], tuple(data["replicas"]), tuple(data["isr"]),
                    data.get("high_watermark"), data.get("log_start_offset"),
-                   data.get("log_end_offset"))
+                   data.get("log_end_offset"),
+                   None if not isinstance(leos, Mapping)
+                   else {int(k): v for k, v in sorted(leos.items(), key=lambda kv: int(kv[0]))})
 
 
 @dataclass(frozen=True, slots=True)

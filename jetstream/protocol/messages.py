@@ -17,17 +17,18 @@ fields, or into RemoteError when the code is unknown here.
     op                    request header                        response header
     FETCH                 stream, partition, offset, max_bytes, stream, partition,
                           max_wait_ms, leader_epoch=-1,         high_watermark,
-                          replica_id=-1, isolation="committed"  log_start_offset,
-                                                                log_end_offset, next_offset,
+                          replica_id=-1, isolation="committed", log_start_offset,
+                          read_replica=false                    log_end_offset, next_offset,
                                                                 leader_epoch (+ payload)
     METADATA              streams: [str] | nil (nil: all)       brokers: [{id, host, port}],
-                                                                streams: [stream]
+                                                                streams: [stream],
+                                                                metadata_leader=-1
     CREATE_STREAM         config: map                           {}
     DELETE_STREAM         name                                  {}
     LIST_STREAMS          {}                                    streams: [stream]
     OFFSET_FOR_TIMESTAMP  stream, partition, timestamp_ms       offset (-1: none)
-    END_OFFSET_FOR_EPOCH  stream, partition, leader_epoch       leader_epoch, end_offset
-                                                                (-1, -1: unknown epoch)
+    END_OFFSET_FOR_EPOCH  stream, partition, leader_epoch,      leader_epoch, end_offset
+                          current_leader_epoch=-1               (-1, -1: unknown epoch)
     COMMIT_OFFSET         group, stream, partition, offset,     {}
                           metadata=""
     FETCH_OFFSET          group, stream, partition              offset (-1: none), metadata
@@ -35,6 +36,8 @@ fields, or into RemoteError when the code is unknown here.
                           reporter
     stream = {name, subject, partitions: [{partition, leader (-1: none), leader_epoch,
               replicas: [int], isr: [int]}], ...any other keys, passed through}
+    (the partition leader's broker adds high_watermark, log_start_offset, log_end_offset and
+    replica_end_offsets: {"<broker id>": LEO | nil}, each replica's LEO as it knows it)
 """
 
 from __future__ import annotations
@@ -201,7 +204,11 @@ class FetchRequest(Request):
     """Read records from `offset`, at most `max_bytes` of them (at least one whole batch is
     sent even when larger, so a consumer always progresses), waiting up to `max_wait_ms` for
     records when there are none. Followers pass their `replica_id`, read `uncommitted` and
-    report their LEO as `offset`; `leader_epoch` (-1: unchecked) fences stale leaders."""
+    report their LEO as `offset`; `leader_epoch` (-1: unchecked) fences stale leaders.
+    A consumer that sets `read_replica` may be answered by an in-sync follower (KIP-392)
+    with what is committed as far as that follower knows (the response's HW is the
+    follower's); without it a follower answers NOT_LEADER. A broker that predates the field
+    ignores it and answers as the leader would."""
 
     op: ClassVar[Op] = Op.FETCH
     stream: str
@@ -212,6 +219,7 @@ class FetchRequest(Request):
     leader_epoch: int = -1
     replica_id: int = -1
     isolation: Isolation = "committed"
+    read_replica: bool = False
 
     def __post_init__(self) -> None:
         _stream(self.stream)
@@ -224,6 +232,11 @@ class FetchRequest(Request):
         if self.isolation not in _ISOLATIONS:
             raise _bad("isolation", f"must be one of {list(_ISOLATIONS)}, got "
                                     f"{self.isolation!r}")
+        if not isinstance(self.read_replica, bool):
+            raise _bad("read_replica", f"must be a boolean, got "
+                                       f"{type(self.read_replica).__name__}")
+        if self.read_replica and (self.replica_id >= 0 or self.isolation != "committed"):
+            raise _bad("read_replica", "is for consumers: committed reads without replica_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,13 +287,18 @@ class MetadataRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class MetadataResponse(Response):
+    """`metadata_leader`: the broker leading the metadata (Raft), -1 when unknown (during an
+    election, or from a broker that predates the field)."""
+
     brokers: list[dict[str, Any]]
     streams: list[dict[str, Any]]
+    metadata_leader: int = -1
 
     def __post_init__(self) -> None:
         for i, broker in enumerate(_list("brokers", self.brokers)):
             _check_broker(f"brokers[{i}]", broker)
         _check_streams("streams", self.streams)
+        _int("metadata_leader", self.metadata_leader, -1, BROKER_ID_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,17 +364,20 @@ class OffsetForTimestampResponse(Response):
 @dataclass(frozen=True, slots=True)
 class EndOffsetForEpochRequest(Request):
     """KIP-101: a replica that restarts asks the leader where `leader_epoch` ended, and
-    truncates its log there."""
+    truncates its log there. `current_leader_epoch` (KIP-320; -1: unchecked) is the epoch the
+    replica follows in: a leader at another epoch answers FENCED_LEADER_EPOCH instead."""
 
     op: ClassVar[Op] = Op.END_OFFSET_FOR_EPOCH
     stream: str
     partition: int
     leader_epoch: int
+    current_leader_epoch: int = -1
 
     def __post_init__(self) -> None:
         _stream(self.stream)
         _int("partition", self.partition, 0, PARTITION_MAX)
         _int("leader_epoch", self.leader_epoch, 0, EPOCH_MAX)
+        _int("current_leader_epoch", self.current_leader_epoch, -1, EPOCH_MAX)
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,7 +117,8 @@ class MetadataState:
             return Created(existing, self.stream_partitions(config.name), existed=True)
         if config.replication_factor > len(self.brokers):
             raise NotEnoughReplicas(config.replication_factor, len(self.brokers))
-        placed = place_partitions(config, self.brokers, self.partitions.values())
+        placed = place_partitions(config, self.brokers, self.partitions.values(),
+                                  created_version=self.version)
         self.streams[config.name] = config
         for state in placed:
             self.partitions[(state.stream, state.partition)] = state
@@ -206,7 +207,7 @@ class MetadataState:
 
 
 def place_partitions(config: StreamConfig, brokers: Mapping[int, BrokerInfo],
-                     existing: Any) -> list[PartitionState]:
+                     existing: Any, *, created_version: int = 0) -> list[PartitionState]:
     """Replicas go to the brokers holding the fewest replicas, leaders to the brokers leading
     the fewest partitions; ties break by broker id, so placement is deterministic."""
     replica_load = {b: 0 for b in brokers}
@@ -227,5 +228,5 @@ def place_partitions(config: StreamConfig, brokers: Mapping[int, BrokerInfo],
         leader_load[leader] += 1
         ordered = (leader, *(r for r in replicas if r != leader))
         placed.append(PartitionState(config.name, p, ordered, leader, tuple(sorted(replicas)),
-                                     leader_epoch=0))
+                                     leader_epoch=0, created_version=created_version))
     return placed

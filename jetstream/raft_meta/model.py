@@ -128,7 +128,9 @@ class BrokerInfo:
 @dataclass(frozen=True, slots=True)
 class PartitionState:
     """Who holds a partition: its replicas (brokers), its leader, its in-sync replicas and
-    the leader epoch, bumped at every leader change."""
+    the leader epoch, bumped at every leader change. `created_version` is the metadata
+    version that created the stream: a stream created again under the same name has a larger
+    one, so its epochs (from 0 again) are not mistaken for older ones of the first."""
 
     stream: str
     partition: int
@@ -136,6 +138,7 @@ class PartitionState:
     leader: int
     isr: tuple[int, ...]
     leader_epoch: int
+    created_version: int = 0
 
     def __post_init__(self) -> None:
         assert self.leader in self.isr, (self.leader, self.isr)
@@ -150,4 +153,5 @@ class PartitionState:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PartitionState:
         return cls(data["stream"], data["partition"], tuple(data["replicas"]), data["leader"],
-                   tuple(data["isr"]), data["leader_epoch"])
+                   tuple(data["isr"]), data["leader_epoch"],
+                   data.get("created_version", 0))  # absent in states written before it

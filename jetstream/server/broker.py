@@ -15,6 +15,13 @@ core) where it leads, PartitionFollower (jetstream.server.follower) elsewhere. A
 leader or leader epoch changed is replaced (a deposed leader abdicates and becomes a
 follower on the same open log); an ISR change at the same epoch is passed to the leader.
 
+Epoch fence (jetstream.isr.highest_epochs): the broker keeps, in <data_dir>/leader-epochs
+(fsynced, renamed into place), the highest leader epoch it has seen per partition, and writes
+it before it takes a role at a new epoch. A partition whose metadata epoch is below the
+recorded one gets no role (a warning is logged) until the metadata catches up: after a power
+cut, pysyncobj's unsynced journal may replay an older state than the one already acted on.
+The follower's requests and the leader's ISR proposals are checked against it too.
+
 Stopping (SIGTERM, SIGINT or `stop()`): in cluster mode, first hand the partitions it leads
 over to in-sync followers; stop accepting requests, stop ingest and finish the
 acks of what was received, close the logs (clean recovery point), stop the embedded NATS.
@@ -30,17 +37,21 @@ import os
 import shutil
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import nats
 
 from jetstream.errors import (
+    FencedLeaderEpoch,
     NotLeader,
     ProtocolError,
     UnknownPartition,
     UnknownStream,
 )
+from jetstream.isr import highest_epochs
+from jetstream.isr.highest_epochs import CorruptEpochFile, EpochMark, HighestEpochs, Refused
 from jetstream.isr.leader import ProposeIsr
 from jetstream.natsd import NatsServer
 from jetstream.protocol import messages as m
@@ -81,6 +92,9 @@ class Broker:
         self._leaders: dict[tuple[str, int], PartitionLeader] = {}
         self._followers: dict[tuple[str, int], PartitionFollower] = {}
         self._logs: dict[tuple[str, int], Log] = {}
+        self._epochs = HighestEpochs()
+        #: Partitions refused a role, with the metadata mark refused (warned about once).
+        self._refused: dict[tuple[str, int], EpochMark] = {}
         self._failover_task: asyncio.Task[None] | None = None
         self._pool = HandlePool(config.open_files_max)
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetstream-io")
@@ -110,6 +124,7 @@ class Broker:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._epochs = self._load_epochs()
         urls = self.config.nats_urls
         if not urls:
             self._nats_server = NatsServer(self.data_dir / "nats", name="embedded-nats",
@@ -219,15 +234,67 @@ class Broker:
                         log_.close()
                     else:
                         log_.delete()
-            for key, partition in wanted.items():
-                if key in self._leaders or key in self._followers:
-                    continue
+            admitted = await self._admit_epochs(state.streams, wanted)
+            for key, partition in admitted.items():
                 if partition.leader == me:
                     await self._start_leader(state.streams[key[0]], partition)
                 else:
                     await self._start_follower(state.streams[key[0]], partition)
             kept = wanted if clustered else state.partitions
             self._delete_orphan_logs({f"{s}-{p}" for s, p in kept})
+
+    async def _admit_epochs(self, streams: Any, wanted: dict[tuple[str, int], PartitionState]
+                            ) -> dict[tuple[str, int], PartitionState]:
+        """The partitions in `wanted` without a role whose epoch is not below the highest
+        recorded; the new highest epochs are made durable before this returns."""
+        changed = self._epochs.retain_streams(streams)
+        self._refused = {k: v for k, v in self._refused.items() if k in wanted}
+        admitted = {}
+        for key, partition in wanted.items():
+            if key in self._leaders or key in self._followers:
+                continue
+            mark = _mark(partition)
+            outcome = self._epochs.observe(key, mark)
+            if isinstance(outcome, Refused):
+                if self._refused.get(key) != mark:
+                    log.warning("%s/%d: the metadata says leader epoch %d (stream version %d), "
+                                "below the %d (version %d) this broker saw before: no role "
+                                "until the metadata catches up", key[0], key[1],
+                                mark.leader_epoch, mark.created_version,
+                                outcome.recorded.leader_epoch, outcome.recorded.created_version)
+                self._refused[key] = mark
+                continue
+            self._refused.pop(key, None)
+            changed |= outcome.changed
+            admitted[key] = partition
+        if changed:
+            data = self._epochs.serialize()
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, write_atomic, self._epochs_path, data)
+        return admitted
+
+    @property
+    def _epochs_path(self) -> Path:
+        return self.data_dir / highest_epochs.FILE_NAME
+
+    def _load_epochs(self) -> HighestEpochs:
+        try:
+            return HighestEpochs.parse(self._epochs_path.read_bytes())
+        except FileNotFoundError:
+            return HighestEpochs()
+        except CorruptEpochFile as exc:
+            log.error("%s is damaged (%s): starting without the epochs it recorded",
+                      self._epochs_path, exc)
+            return HighestEpochs()
+
+    def _fence(self, state: PartitionState) -> None:
+        """Raise FencedLeaderEpoch when `state`'s epoch is below the highest recorded."""
+        key = (state.stream, state.partition)
+        if not self._epochs.admits(key, _mark(state)):
+            highest = self._epochs.highest(key)
+            assert highest is not None
+            raise FencedLeaderEpoch(state.stream, state.partition, state.leader_epoch,
+                                    highest.leader_epoch)
 
     async def _retire_roles(self, wanted: dict[tuple[str, int], PartitionState]) -> None:
         """Stop the roles the metadata no longer gives this broker as they are; pass ISR
@@ -263,19 +330,25 @@ class Broker:
         assert self._nats is not None
         leader = PartitionLeader(stream, partition, log_, self._nats, self.config,
                                  self._executor, PartitionMetrics(),
-                                 self._replication(stream.name, partition.partition))
+                                 self._replication(partition))
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
         self._leaders[(stream.name, partition.partition)] = leader
         log.info("leading %s/%d at epoch %d", stream.name, partition.partition,
                  partition.leader_epoch)
 
-    def _replication(self, stream: str, partition: int) -> Replication | None:
+    def _replication(self, state: PartitionState) -> Replication | None:
         cluster = self._cluster
         if cluster is None:
             return None
+        stream, partition = state.stream, state.partition
 
         async def propose_isr(decision: ProposeIsr) -> bool | None:
+            try:
+                self._fence(replace(state, leader_epoch=decision.expected_epoch))
+            except FencedLeaderEpoch as exc:
+                log.warning("ISR change of %s/%d not proposed: %s", stream, partition, exc)
+                return False
             return await cluster.propose_isr(stream, partition, decision)
 
         return Replication(self.config.broker_id, self.config.replica_lag_ms_max, propose_isr)
@@ -292,7 +365,7 @@ class Broker:
         follower = PartitionFollower(
             stream, partition, self._open_log(stream, partition.partition), config=self.config,
             executor=self._executor, address_of=self._cluster.address_of,
-            report_failure=self._cluster.report_leader_failure)
+            report_failure=self._cluster.report_leader_failure, fence=self._fence)
         await follower.start()
         self._followers[(stream.name, partition.partition)] = follower
         log.info("following broker %d for %s/%d at epoch %d", partition.leader, stream.name,
@@ -357,12 +430,8 @@ class Broker:
             if leader is not None:
                 entry.update(high_watermark=leader.high_watermark,
                              log_start_offset=leader.log.log_start_offset,
-                             log_end_offset=leader.log.log_end_offset)
-                if leader.isr is not None:
-                    ends = {r: leader.isr.follower_state(r).log_end_offset
-                            for r in p.replicas}
-                    entry["replica_end_offsets"] = {str(r): e for r, e in ends.items()
-                                                    if e is not None}
+                             log_end_offset=leader.log.log_end_offset,
+                             replica_end_offsets=_replica_end_offsets(leader))
             partitions.append(entry)
         return {**config.to_dict(), "partitions": partitions}
 
@@ -383,6 +452,21 @@ class Broker:
         status = self._cluster.metadata.status()
         return {"metadata_leader": status["leader_broker_id"], "raft": status}
 
+    def roles(self) -> list[dict[str, Any]]:
+        """What this broker does for each of its partitions: lead, follow, or nothing
+        because the metadata's epoch is below the highest it recorded ("fenced")."""
+        out: list[dict[str, Any]] = []
+        for role, holders in (("leader", self._leaders), ("follower", self._followers)):
+            out += [{"stream": s, "partition": p, "role": role,
+                     "leader_epoch": holder.state.leader_epoch}
+                    for (s, p), holder in holders.items()]
+        for (s, p), mark in self._refused.items():
+            recorded = self._epochs.highest((s, p))
+            out.append({"stream": s, "partition": p, "role": "fenced",
+                        "leader_epoch": mark.leader_epoch,
+                        "recorded_leader_epoch": recorded.leader_epoch if recorded else None})
+        return sorted(out, key=lambda r: (r["stream"], r["partition"]))
+
     def render_metrics(self) -> str:
         for leader in self._leaders.values():
             leader.metrics.dropped = leader.dropped
@@ -397,7 +481,9 @@ class Broker:
         if isinstance(request, m.FetchRequest):
             return await self._fetch(request)
         if isinstance(request, m.MetadataRequest):
-            return m.MetadataResponse(self.brokers(), self.describe_streams(request.streams))
+            leader = self.metadata_status()["metadata_leader"]
+            return m.MetadataResponse(self.brokers(), self.describe_streams(request.streams),
+                                      -1 if leader is None else leader)
         if isinstance(request, m.ListStreamsRequest):
             return m.ListStreamsResponse(self.describe_streams())
         if isinstance(request, m.CreateStreamRequest):
@@ -420,6 +506,10 @@ class Broker:
             return m.EmptyResponse()
         if isinstance(request, m.EndOffsetForEpochRequest):
             leader = self.leader_for(request.stream, request.partition)
+            current = leader.state.leader_epoch
+            if request.current_leader_epoch not in (-1, current):
+                raise FencedLeaderEpoch(request.stream, request.partition,
+                                        request.current_leader_epoch, current)
             answer = leader.log.end_offset_for_epoch(request.leader_epoch)
             return m.EndOffsetForEpochResponse(answer.epoch, answer.end_offset)
         raise ProtocolError(f"{type(request).__name__} is not served by this broker version",
@@ -430,6 +520,11 @@ class Broker:
             # Consumers never see uncommitted records (they could be truncated later).
             raise ProtocolError("only replicas may read uncommitted records",
                                 field="isolation")
+        key = (request.stream, request.partition)
+        if request.read_replica and key not in self._leaders:
+            follower = self._followers.get(key)
+            if follower is not None and follower.in_sync:
+                return await self._fetch_from_follower(follower, request)
         leader = self.leader_for(request.stream, request.partition)
         max_bytes = min(request.max_bytes, self.config.fetch_bytes_max)
         wait_ms = min(request.max_wait_ms, self.config.fetch_wait_ms_max)
@@ -444,6 +539,35 @@ class Broker:
             leader.log.log_start_offset, leader.log.log_end_offset, piece.next_offset,
             leader.state.leader_epoch)
         return response, piece
+
+    async def _fetch_from_follower(self, follower: PartitionFollower, request: m.FetchRequest
+                                   ) -> tuple[m.FetchResponse, Any]:
+        """A consumer's read at an in-sync follower: committed records below the HW this
+        follower knows (it may lag the leader's), never anything later truncated."""
+        max_bytes = min(request.max_bytes, self.config.fetch_bytes_max)
+        wait_ms = min(request.max_wait_ms, self.config.fetch_wait_ms_max)
+        piece = await follower.read(request.offset, max_bytes, wait_ms)
+        log_ = follower.log
+        response = m.FetchResponse(
+            request.stream, request.partition, min(follower.high_watermark, log_.log_end_offset),
+            log_.log_start_offset, log_.log_end_offset, piece.next_offset,
+            follower.state.leader_epoch)
+        return response, piece
+
+
+def _replica_end_offsets(leader: PartitionLeader) -> dict[str, int | None]:
+    """Each replica's log end offset as the leader knows it (its own LEO; a follower's from
+    its last fetch in this leader epoch, None before one). Keys are broker ids as strings
+    (msgpack and JSON maps)."""
+    isr = leader.isr
+    if isr is None:
+        return {str(leader.state.leader): leader.log.log_end_offset}
+    return {str(r): leader.log.log_end_offset if r == isr.leader_id
+            else isr.follower_state(r).log_end_offset for r in leader.state.replicas}
+
+
+def _mark(state: PartitionState) -> EpochMark:
+    return EpochMark(state.created_version, state.leader_epoch)
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

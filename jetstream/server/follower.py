@@ -14,7 +14,14 @@ leader or the epoch changes.
    and made durable through the stream's fsync policy before the next fetch, because the next
    fetch's offset tells the leader that everything below it is held here. The follower's HW
    is min(leader HW, LEO), checkpointed every `checkpoint_interval_ms`.
-3. Errors: a failed round is retried after a bounded, doubling back-off, truncating again
+3. Fence: before each request the follower checks its epoch against the highest this broker
+   recorded (`fence`, jetstream.isr.highest_epochs): it never asks or fetches below it. Its
+   END_OFFSET_FOR_EPOCH requests carry its epoch, so a leader at another epoch refuses them.
+4. Reads (KIP-392): a consumer that opts in may read from this follower while it is in the
+   ISR: committed records below the follower's HW, never past it, so never anything a later
+   truncation could remove (truncation never cuts below a committed offset). A reader at the
+   HW long-polls until the HW moves (each fetch response may carry a higher leader HW).
+5. Errors: a failed round is retried after a bounded, doubling back-off, truncating again
    first (the leader may have changed its log meanwhile). When the leader has not answered
    for `replica_leader_timeout_ms`, the follower reports it (`report_failure`) to the metadata
    leader, and again at most once per timeout while the silence lasts.
@@ -37,7 +44,7 @@ from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.epoch import EpochEndOffset
-from jetstream.stream.log import Log
+from jetstream.stream.log import FileSlice, Log
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -50,12 +57,18 @@ BACKOFF_MS_MAX = 1_000
 ReportFailure = Callable[[str, int, int], Awaitable[bool]]
 #: The socket API address of a broker ("host:port"), or None when unknown.
 AddressOf = Callable[[int], str | None]
+#: Raises FencedLeaderEpoch when the partition's epoch is below the highest recorded.
+Fence = Callable[[PartitionState], None]
+
+
+def _no_fence(state: PartitionState) -> None:
+    """Checks nothing."""
 
 
 class PartitionFollower:
     def __init__(self, stream: StreamConfig, state: PartitionState, log_: Log, *,
                  config: BrokerConfig, executor: Executor | None, address_of: AddressOf,
-                 report_failure: ReportFailure) -> None:
+                 report_failure: ReportFailure, fence: Fence = _no_fence) -> None:
         self.stream = stream
         self.state = state
         self.log = log_
@@ -63,6 +76,7 @@ class PartitionFollower:
         self._executor = executor
         self._address_of = address_of
         self._report_failure = report_failure
+        self._fence = fence
         self.high_watermark = min(log_.read_high_watermark(), log_.log_end_offset)
         self._checkpointed_hw = self.high_watermark
         self._task: asyncio.Task[None] | None = None
@@ -71,6 +85,8 @@ class PartitionFollower:
         self._last_report_s = 0.0
         self._checkpoint_s = time.monotonic()
         self._append_done: asyncio.Future[None] | None = None
+        self._hw_changed = asyncio.Event()
+        self._stopping = False
 
     @property
     def name(self) -> str:
@@ -79,7 +95,14 @@ class PartitionFollower:
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"follow {self.name}")
 
+    @property
+    def in_sync(self) -> bool:
+        """In the ISR as the metadata last told this broker."""
+        return self._config.broker_id in self.state.isr
+
     async def stop(self) -> None:
+        self._stopping = True
+        self._wake_readers()
         await cancel_and_wait(self._task)
         self._task = None
         if self._append_done is not None:
@@ -93,12 +116,15 @@ class PartitionFollower:
     # -- the loop -------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        # Loops on `_stopping`, not only until cancelled: on Python 3.11 a cancellation that
+        # lands as a connection fails comes out of asyncio.wait_for as that failure, and a
+        # follower that ran on would hold up the broker's reconcile waiting for it.
         backoff_ms = BACKOFF_MS_MIN
-        while True:
+        while not self._stopping:
             try:
                 conn = await self._connect()
                 await self._truncate(conn)
-                while True:
+                while not self._stopping:
                     await self._fetch_once(conn)
                     backoff_ms = BACKOFF_MS_MIN
             except (JetstreamError, OSError) as exc:
@@ -107,6 +133,8 @@ class PartitionFollower:
             except Exception:  # a bug: keep following rather than leave the replica behind
                 log.exception("%s: follower failed", self.name)
                 await self._disconnect()
+            if self._stopping:
+                return
             await self._maybe_report()
             await asyncio.sleep(backoff_ms / 1000)
             backoff_ms = min(2 * backoff_ms, BACKOFF_MS_MAX)
@@ -152,8 +180,10 @@ class PartitionFollower:
         """KIP-279: cut off what the leader does not hold (see jetstream.isr.follower)."""
         epoch = epoch_to_ask(self.log.epochs.entries)
         while epoch is not None:
+            self._fence(self.state)
             answer = await conn.request(m.EndOffsetForEpochRequest(
-                self.stream.name, self.state.partition, epoch))
+                self.stream.name, self.state.partition, epoch,
+                current_leader_epoch=self.state.leader_epoch))
             self._answered()
             assert isinstance(answer, m.EndOffsetForEpochResponse)
             step = plan_truncation(
@@ -188,6 +218,7 @@ class PartitionFollower:
     # -- fetching -------------------------------------------------------------------------------
 
     async def _fetch_once(self, conn: BrokerConnection) -> None:
+        self._fence(self.state)
         request = m.FetchRequest(
             self.stream.name, self.state.partition, self.log.log_end_offset,
             self._config.replica_fetch_bytes_max, self._config.replica_fetch_wait_ms,
@@ -199,9 +230,34 @@ class PartitionFollower:
             self._append_done = asyncio.get_running_loop().run_in_executor(
                 self._executor, self._append, payload)
             await asyncio.shield(self._append_done)
-        self.high_watermark = max(self.high_watermark,
-                                  min(response.high_watermark, self.log.log_end_offset))
+        hw = min(response.high_watermark, self.log.log_end_offset)
+        if hw > self.high_watermark:
+            self.high_watermark = hw
+            self._wake_readers()
         self._maybe_checkpoint()
+
+    # -- consumer reads ---------------------------------------------------------------------------
+
+    async def read(self, offset: int, max_bytes: int, max_wait_ms: int) -> FileSlice:
+        """Batches from `offset`, never at or past this follower's HW, waiting up to
+        `max_wait_ms` for it to move when the reader is caught up."""
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            bound = self.high_watermark
+            if bound < offset <= self.log.log_end_offset:
+                piece = FileSlice(-1, 0, 0, offset, offset)  # ahead of the HW: wait for it
+            else:
+                piece = self.log.read(offset, max_bytes, upper_bound=bound)
+            remaining = deadline - time.monotonic()
+            if piece.length or remaining <= 0 or self._stopping:
+                return piece
+            changed = self._hw_changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    def _wake_readers(self) -> None:
+        changed, self._hw_changed = self._hw_changed, asyncio.Event()
+        changed.set()
 
     def _append(self, payload: bytes) -> None:
         """Append and make durable by the stream's policy (in a thread: it may fsync): at once

@@ -111,7 +111,7 @@ def build_app(broker: Broker) -> FastAPI:
     @app.get("/cluster")
     async def cluster() -> dict[str, Any]:
         return {"brokers": broker.brokers(), **broker.metadata_status(),
-                "streams": broker.describe_streams()}
+                "streams": broker.describe_streams(), "roles": broker.roles()}
 
     @app.get("/streams")
     async def list_streams() -> dict[str, Any]:

@@ -496,9 +496,10 @@ class PartitionLeader:
     # -- reads --------------------------------------------------------------------------------
 
     async def read(self, offset: int, max_bytes: int, max_wait_ms: int,
-                   committed: bool = True) -> FileSlice:
+                   committed: bool = True, hw_seen: int | None = None) -> FileSlice:
         """Batches from `offset`, never at or past the HW (with `committed`), waiting up to
-        `max_wait_ms` for data when the reader is caught up."""
+        `max_wait_ms` for data when the reader is caught up, or (with `hw_seen`) until the HW
+        passes `hw_seen`."""
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             bound = self.high_watermark if committed else self.log.log_end_offset
@@ -507,7 +508,8 @@ class PartitionLeader:
             else:
                 piece = self.log.read(offset, max_bytes, upper_bound=bound)
             remaining = deadline - time.monotonic()
-            if piece.length or remaining <= 0 or self._stopping:
+            if piece.length or remaining <= 0 or self._stopping or (
+                    hw_seen is not None and self.high_watermark > hw_seen):
                 return piece
             changed = self._hw_changed
             with contextlib.suppress(TimeoutError):
@@ -515,7 +517,10 @@ class PartitionLeader:
 
     async def replica_fetch(self, replica_id: int, offset: int, leader_epoch: int,
                             max_bytes: int, max_wait_ms: int) -> FileSlice:
-        """A follower's fetch: it holds every offset below `offset`. Records up to the LEO."""
+        """A follower's fetch: it holds every offset below `offset`. Records up to the LEO.
+        It also returns as soon as the HW moves, so that followers, which serve committed
+        reads up to the HW they learn from these answers, learn it without waiting for the
+        next records."""
         if self.isr is None:
             raise NotLeader(self.stream.name, self.state.partition)
         if leader_epoch != self.state.leader_epoch or self._stopping:
@@ -528,8 +533,9 @@ class PartitionLeader:
         except ValueError as exc:
             raise OffsetOutOfRange(offset, self.log.log_start_offset,
                                    self.log.log_end_offset) from exc
+        hw_seen = self.high_watermark  # before this fetch moves it: the follower must learn it
         await self._apply(decisions)
-        return await self.read(offset, max_bytes, max_wait_ms, committed=False)
+        return await self.read(offset, max_bytes, max_wait_ms, committed=False, hw_seen=hw_seen)
 
     # -- housekeeping ----------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from jetstream.natsd import NatsServer, free_ports
+from jetstream.natsd import NatsServer, restartable_ports
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.process import BrokerProcess
 from jetstream.stream.config import FsyncPolicy
@@ -63,6 +63,7 @@ class PartitionView:
     isr: list[int]
     high_watermark: int | None = None
     log_end_offset: int | None = None
+    #: Each replica's LEO as the leader knows it (missing: not known yet).
     replica_end_offsets: dict[int, int] = field(default_factory=dict)
 
 
@@ -91,8 +92,8 @@ class FaultCluster:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.nats = NatsServer(self.work_dir / "nats")
         self.nats.start()
-        raft_ports = free_ports(BROKERS)
-        api_ports = free_ports(BROKERS)
+        ports = restartable_ports(2 * BROKERS)
+        raft_ports, api_ports = ports[:BROKERS], ports[BROKERS:]
         self.relays = Relays()
         members = ",".join(f"{b}@{HOST}:{raft_ports[b]}" for b in range(BROKERS))
         for b in range(BROKERS):
@@ -199,7 +200,8 @@ class FaultCluster:
                 result.high_watermark = led["high_watermark"]
                 result.log_end_offset = led["log_end_offset"]
                 result.replica_end_offsets = {
-                    int(k): v for k, v in (led.get("replica_end_offsets") or {}).items()}
+                    int(k): v for k, v in (led.get("replica_end_offsets") or {}).items()
+                    if v is not None}
         return result
 
     def metadata_leader(self) -> int | None:

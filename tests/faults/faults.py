@@ -134,7 +134,10 @@ def power_loss(c: FaultCluster) -> list[float]:
             keep = view.high_watermark or 0
         else:
             after = c.wait(lambda p=p: c.partition(p), f"partition {p} seen from its leader")
-            keep = after.replica_end_offsets.get(target, 0)
+            known = after.replica_end_offsets.get(target)
+            if known is None:
+                continue  # the leader has no position of it yet: nothing is known unsynced
+            keep = known
         c.cut_log(target, p, keep, garbage=os.urandom(c.rng.randrange(1, 300)))
     hold(c.rng.uniform(0.5, 2.0))
     c.restart(target)

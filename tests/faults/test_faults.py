@@ -18,7 +18,8 @@ from tests.faults.run import run_mix
 
 pytestmark = pytest.mark.slow
 
-#: Faults that kill or cut off a partition leader: each must show a failover.
+#: Faults that kill, cut off or stop a partition leader, and the failovers each must show
+#: at least.
 LEADER_FAULTS = {"kill_leader": 2, "kill_leader_five_times": 5, "partition_leader": 2,
                  "blackhole_leader": 2, "rolling_restart": 1}
 #: A failover slower than this is an availability bug here (loopback, short timeouts).
@@ -43,7 +44,7 @@ def test_fault(tmp_path: Path, fault: str) -> None:
     assert_safe(result)
     assert result["fault_cycles"] == cycles
     if fault in LEADER_FAULTS:
-        assert len(result["failover_s"]) == LEADER_FAULTS[fault], result["failover_s"]
+        assert len(result["failover_s"]) >= LEADER_FAULTS[fault], result["failover_s"]
         assert result["failover_max_s"] < FAILOVER_S_MAX, result["failover_s"]
 
 

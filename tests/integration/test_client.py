@@ -397,6 +397,19 @@ async def test_lost_connection_fails_requests_in_flight(broker: BrokerProcess) -
         await BrokerConnection(broker.address, client_id="x", connect_timeout_s=2).open()
 
 
+async def test_cancelling_a_close_cancels_its_caller(broker: BrokerProcess) -> None:
+    # A task stopped while it closes a connection must stop, not carry on (a follower's
+    # loop did, and the broker waiting for it to stop hung).
+    conn = BrokerConnection(broker.address, client_id="cancel-test")
+    await conn.open()
+    closing = asyncio.ensure_future(conn.close())
+    await asyncio.sleep(0)  # `closing` now waits for the connection's reader task to end
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert conn.closed
+
+
 async def _until_in_flight(conn: BrokerConnection) -> None:
     # A request is pending from the moment its frame is written until its answer comes.
     while not conn._pending:

@@ -5,10 +5,12 @@ restarted broker rejoining the ISR, and min_isr refusing `all` publishes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,12 +18,19 @@ import httpx
 import pytest
 
 import jetstream
+from jetstream.client import client as client_module
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas
+from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas, NotLeader
+from jetstream.isr import highest_epochs
+from jetstream.isr.highest_epochs import HighestEpochs
 from jetstream.natsd import free_ports
 from jetstream.protocol import messages as m
 from jetstream.server.process import BrokerProcess
+from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.format import StoredRecord, decode_batches
 from jetstream.stream.log import Log
+from tests.integration.test_cli import jetstream as cli
+from tests.integration.test_cli import json_of as cli_json
 
 T = TypeVar("T")
 STREAM = "orders"
@@ -285,3 +294,175 @@ async def test_graceful_stop_hands_leadership_over(cluster: list[BrokerProcess])
     assert moved["leader"] == next(r for r in state["replicas"] if r != old.broker_id)
     await publish_acked(cluster, [b"b"])
     assert await read_through(by_id(cluster, moved["leader"]), b"b") == [b"a", b"b"]
+
+
+async def roles(broker: BrokerProcess) -> dict[str, Any]:
+    """This broker's own role for the stream's partition 0 (GET /cluster)."""
+    async with httpx.AsyncClient(timeout=DEADLINE_S) as http:
+        view = (await http.get(f"{broker.http_url}/cluster")).json()
+    found: dict[str, Any] = next(
+        (r for r in view["roles"] if (r["stream"], r["partition"]) == (STREAM, 0)),
+        {"role": None})
+    return found
+
+
+async def test_no_role_below_the_highest_epoch_recorded(cluster: list[BrokerProcess]) -> None:
+    state = await create_stream(cluster[0])
+    await publish_acked(cluster, [b"a"])
+    first = by_id(cluster, state["leader"])
+    fenced, second = [b for b in cluster if b is not first]
+    assert (await roles(fenced))["role"] == "follower"
+    assert fenced.stop() == 0
+    # As if its metadata journal lost entries it had acted on: it saw epoch 2 already.
+    path = fenced.data_dir / highest_epochs.FILE_NAME
+    recorded = HighestEpochs.parse(path.read_bytes()).highest((STREAM, 0))
+    assert recorded is not None and recorded.leader_epoch == 0
+    write_atomic(path, HighestEpochs({(STREAM, 0): replace(recorded, leader_epoch=2)})
+                 .serialize())
+    fenced.start()
+    # Ready means it has reconciled with the caught-up metadata (epoch 0): no role.
+    assert await roles(fenced) == {"stream": STREAM, "partition": 0, "role": "fenced",
+                                   "leader_epoch": 0, "recorded_leader_epoch": 2}
+    assert "no role until the metadata catches up" in fenced.log_tail()
+    # It fetches nothing, so the leader drops it from the ISR (it would be a leader that
+    # refuses to lead, if chosen: the failover controller would then move on).
+    isr = sorted([first.broker_id, second.broker_id])
+    await eventually(lambda: _isr_is(first, isr), "the fenced broker out of the ISR")
+
+    assert first.stop() == 0  # hands over to `second`: epoch 1, still below 2
+    first.start()
+    at_1 = await eventually(lambda: _isr_is(second, isr), f"ISR {isr} at epoch 1")
+    assert (at_1["leader"], at_1["leader_epoch"]) == (second.broker_id, 1)
+    assert (await roles(fenced))["leader_epoch"] == 1
+    assert (await roles(fenced))["role"] == "fenced"
+    await publish_acked(cluster, [b"b"])
+
+    assert second.stop() == 0  # hands over to `first`: epoch 2, the recorded one
+    second.start()
+    at_2 = await eventually(lambda: _full_isr(first), "every broker in the ISR at epoch 2")
+    assert (at_2["leader"], at_2["leader_epoch"]) == (first.broker_id, 2)
+    assert await roles(fenced) == {"stream": STREAM, "partition": 0, "role": "follower",
+                                   "leader_epoch": 2}
+    assert HighestEpochs.parse(path.read_bytes()).highest((STREAM, 0)) == replace(
+        recorded, leader_epoch=2)
+    await publish_acked(cluster, [b"c"])
+    await eventually(lambda: _full_isr(first), "a full ISR after the last publish")
+    for broker in cluster:
+        broker.stop()
+    copies = {b.broker_id: replica_bytes(b, 3) for b in cluster}
+    assert len(set(copies.values())) == 1, "the fenced broker did not catch up"
+
+
+async def _isr_is(broker: BrokerProcess, isr: list[int]) -> dict[str, Any] | None:
+    state = await partition_state(broker)
+    return state if sorted(state["isr"]) == isr else None
+
+
+async def follower_reads(conn: BrokerConnection, offset: int, max_wait_ms: int = 1000
+                         ) -> tuple[m.FetchResponse, list[StoredRecord]]:
+    response, payload = await conn.fetch(m.FetchRequest(STREAM, 0, offset, 1 << 20,
+                                                        max_wait_ms, read_replica=True))
+    return response, decode_batches(payload, min_offset=offset)
+
+
+async def test_consumers_read_committed_records_from_in_sync_followers(
+        cluster: list[BrokerProcess]) -> None:
+    state = await create_stream(cluster[0])
+    values = [f"r{i}".encode() for i in range(40)]
+    await publish_acked(cluster, values)
+    followers = [b for b in cluster if b.broker_id != state["leader"]]
+    for follower in followers:
+        conn = BrokerConnection(follower.address, client_id="test")
+        await conn.open()
+        try:
+            with pytest.raises(NotLeader):  # not without the opt-in
+                await conn.fetch(m.FetchRequest(STREAM, 0, 0, 1 << 20, 0))
+            read: list[StoredRecord] = []
+            deadline = time.monotonic() + DEADLINE_S
+            while len(read) < len(values):
+                assert time.monotonic() < deadline, f"broker {follower.broker_id}: {read}"
+                response, records = await follower_reads(conn, len(read))
+                # Never at or past the HW it answers with, which is its own.
+                assert all(r.offset < response.high_watermark for r in records)
+                assert response.high_watermark <= response.log_end_offset
+                read += records
+            assert [r.offset for r in read] == list(range(len(values)))
+            assert [r.value for r in read] == values
+
+            # A reader at the follower's HW waits until the HW moves, and no longer.
+            waiting = asyncio.ensure_future(follower_reads(conn, len(values), 20_000))
+            started = time.monotonic()
+            await publish_acked(cluster, [f"late{follower.broker_id}".encode()])
+            response, records = await waiting
+            assert [r.value for r in records] == [f"late{follower.broker_id}".encode()]
+            assert time.monotonic() - started < 10, "the long poll did not wake on the HW"
+            values.append(records[0].value)
+        finally:
+            await conn.close()
+
+
+async def test_client_reads_from_a_chosen_isr_replica_and_falls_back_to_the_leader(
+        cluster: list[BrokerProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    state = await create_stream(cluster[0])
+    values = [f"s{i}".encode() for i in range(30)]
+    await publish_acked(cluster, values)
+    follower = next(b for b in cluster if b.broker_id != state["leader"])
+
+    class PickFollower:
+        @staticmethod
+        def choice(isr: list[int]) -> int:
+            assert follower.broker_id in isr
+            return follower.broker_id
+
+    monkeypatch.setattr(client_module, "random", PickFollower)
+    leader = by_id(cluster, state["leader"])
+    async with jetstream.connect(leader.address) as js:
+        async with js.subscribe(STREAM, stop="latest", read_isr_replica=True) as sub:
+            assert [msg.value async for msg in sub] == values
+        assert js._read_replicas == {(STREAM, 0): follower.broker_id}
+        assert follower.stop() == 0  # a follower: nothing to hand over
+        result = await js.fetch(STREAM, 0, 0, read_isr_replica=True)  # at the leader now
+        assert [msg.value for msg in result.messages] == values
+        assert js._read_replicas == {}
+
+
+def test_cluster_status_shows_offsets_of_every_partition_and_replica(
+        cluster: list[BrokerProcess]) -> None:
+    state = asyncio.run(create_stream(cluster[0]))
+    asyncio.run(publish_acked(cluster, [f"v{i}".encode() for i in range(7)]))
+    leader = state["leader"]
+    # Asked through a broker that does not lead the partition: it asks the leader.
+    other = next(b for b in cluster if b.broker_id != leader)
+    brokers = ",".join([other.address])
+
+    def caught_up() -> dict[str, Any] | None:
+        status = cli_json(brokers, "cluster", "status")
+        leos = status["partitions"][0]["replica_end_offsets"]
+        return status if sorted(leos.values()) == [7, 7, 7] else None
+
+    status = asyncio.run(eventually_sync(caught_up, "every replica's LEO at 7"))
+    views = [httpx.get(f"{b.http_url}/cluster", timeout=DEADLINE_S).json() for b in cluster]
+    assert status["metadata_leader"] == views[0]["metadata_leader"]
+    assert [b["id"] for b in status["brokers"]] == [0, 1, 2]
+    [row] = status["partitions"]
+    assert (row["stream"], row["partition"], row["leader"], row["leader_epoch"]) == (
+        STREAM, 0, leader, 0)
+    assert sorted(row["isr"]) == [0, 1, 2]
+    assert (row["high_watermark"], row["log_end_offset"]) == (7, 7)
+    assert row["replica_end_offsets"] == {"0": 7, "1": 7, "2": 7}
+
+    human = cli(brokers, "cluster", "status").stdout
+    assert f"metadata leader: broker {status['metadata_leader']}" in human
+    cells = next(line.split() for line in human.splitlines() if line.startswith(STREAM))
+    assert cells[0:4] == [STREAM, "0", str(leader), "0"] and cells[-2:] == ["7", "7"]
+
+    # A follower read through the CLI: the same committed values.
+    read = cli(other.address, "sub", STREAM, "--read-replica", "--format", "json").stdout
+    assert [json.loads(line)["value"] for line in read.splitlines()] == [
+        f"v{i}" for i in range(7)]
+
+
+async def eventually_sync(probe: Callable[[], T | None], what: str) -> T:
+    async def once() -> T | None:
+        return await asyncio.to_thread(probe)
+    return await eventually(once, what)

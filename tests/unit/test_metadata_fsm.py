@@ -66,6 +66,23 @@ def test_delete_removes_partitions_and_unknown_streams_are_errors() -> None:
         state.partition("s", 0)
 
 
+def test_a_stream_created_again_has_a_larger_created_version() -> None:
+    state = cluster(1)
+    first = state.apply(CreateStream(StreamConfig("s", "s", partitions=2))).partitions
+    assert {p.created_version for p in first} == {first[0].created_version}
+    state.apply(DeleteStream("s"))
+    again = state.apply(CreateStream(StreamConfig("s", "s", partitions=2))).partitions
+    assert again[0].created_version > first[0].created_version
+    assert [p.leader_epoch for p in again] == [0, 0]
+    restored = MetadataState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert restored.partitions[("s", 1)] == again[1]
+    # A state written before the field existed reads as version 0.
+    old = state.to_dict()
+    for p in old["partitions"]:
+        del p["created_version"]
+    assert MetadataState.from_dict(old).partitions[("s", 0)].created_version == 0
+
+
 def test_leader_and_isr_changes_are_compare_and_set_on_the_epoch() -> None:
     state = cluster(3)
     created = state.apply(CreateStream(StreamConfig("s", "s", replication_factor=3,

@@ -55,6 +55,9 @@ requests = st.one_of(
               leader_epoch=st.integers(-1, m.EPOCH_MAX),
               replica_id=st.integers(-1, m.BROKER_ID_MAX),
               isolation=st.sampled_from(["committed", "uncommitted"])),
+    st.builds(m.FetchRequest, stream=names, partition=partitions, offset=offsets,
+              max_bytes=st.integers(1, m.FETCH_BYTES_MAX),
+              max_wait_ms=st.integers(0, m.FETCH_WAIT_MS_MAX), read_replica=st.booleans()),
     st.builds(m.MetadataRequest, streams=st.none() | st.lists(names, max_size=5)),
     st.builds(m.CreateStreamRequest, config=st.dictionaries(
         st.text(max_size=10), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=10)
@@ -64,7 +67,7 @@ requests = st.one_of(
     st.builds(m.OffsetForTimestampRequest, stream=names, partition=partitions,
               timestamp_ms=st.integers(-2, m.OFFSET_MAX)),
     st.builds(m.EndOffsetForEpochRequest, stream=names, partition=partitions,
-              leader_epoch=epochs),
+              leader_epoch=epochs, current_leader_epoch=st.integers(-1, m.EPOCH_MAX)),
     st.builds(m.CommitOffsetRequest, group=names, stream=names, partition=partitions,
               offset=offsets, metadata=st.text(max_size=50)),
     st.builds(m.FetchOffsetRequest, group=names, stream=names, partition=partitions),
@@ -72,7 +75,8 @@ requests = st.one_of(
 responses = st.one_of(
     fetch_responses,
     st.builds(m.MetadataResponse, brokers=st.lists(brokers, max_size=3),
-              streams=st.lists(stream_descriptions, max_size=3)),
+              streams=st.lists(stream_descriptions, max_size=3),
+              metadata_leader=st.integers(-1, m.BROKER_ID_MAX)),
     st.builds(m.ListStreamsResponse, streams=st.lists(stream_descriptions, max_size=3)),
     st.builds(m.OffsetForTimestampResponse, offset=st.integers(-1, m.OFFSET_MAX)),
     st.builds(m.EndOffsetForEpochResponse, leader_epoch=st.integers(-1, m.EPOCH_MAX),
@@ -153,6 +157,9 @@ DROP = object()
         (with_(FETCH, replica_id=-2), "replica_id"),
         (with_(FETCH, isolation="dirty"), "isolation"),
         (with_(FETCH, isolation=1), "isolation"),
+        (with_(FETCH, read_replica=1), "read_replica"),
+        (with_(FETCH, read_replica=True, replica_id=2), "read_replica"),
+        (with_(FETCH, read_replica=True, isolation="uncommitted"), "read_replica"),
     ],
 )
 def test_fetch_request_validation(header: dict[str, Any], field: str) -> None:
@@ -167,7 +174,11 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
     request = m.FetchRequest.from_header({**FETCH, "from_the_future": [1, 2]})
     assert request == m.FetchRequest("orders", 0, 10, 1024, 500, -1, -1, "committed")
     assert request.to_header() == {**FETCH, "leader_epoch": -1, "replica_id": -1,
-                                   "isolation": "committed"}
+                                   "isolation": "committed", "read_replica": False}
+    assert m.MetadataResponse.from_header({"brokers": [], "streams": []}).metadata_leader == -1
+    # A peer from before current_leader_epoch leaves it out: unchecked.
+    assert m.EndOffsetForEpochRequest.from_header(
+        {"stream": "s", "partition": 0, "leader_epoch": 3}).current_leader_epoch == -1
     assert m.FetchRequest.from_header({**FETCH, "max_bytes": 64 * 1024 * 1024,
                                        "max_wait_ms": 60_000}).max_bytes == 64 * 1024 * 1024
 
@@ -191,6 +202,8 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
                  "isr": [True]}]}]}, "streams[0].partitions[0].isr[0]"),
         (m.MetadataResponse, {"brokers": [], "streams": [
             {"name": "s", "subject": "a..b", "partitions": []}]}, "streams[0].subject"),
+        (m.MetadataResponse, {"brokers": [], "streams": [], "metadata_leader": -2},
+         "metadata_leader"),
         (m.CreateStreamRequest, {"config": [1]}, "config"),
         (m.CreateStreamRequest, {"config": {1: 2}}, "config"),
         (m.DeleteStreamRequest, {}, "name"),
@@ -198,6 +211,8 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
          "timestamp_ms"),
         (m.EndOffsetForEpochRequest, {"stream": "s", "partition": 0, "leader_epoch": -1},
          "leader_epoch"),
+        (m.EndOffsetForEpochRequest, {"stream": "s", "partition": 0, "leader_epoch": 0,
+                                      "current_leader_epoch": -2}, "current_leader_epoch"),
         (m.EndOffsetForEpochResponse, {"leader_epoch": -1, "end_offset": -2}, "end_offset"),
         (m.CommitOffsetRequest, {"group": "g g", "stream": "s", "partition": 0, "offset": 0},
          "group"),
