@@ -74,6 +74,8 @@ from jetstream.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 READY_FILE = "broker.json"
+#: In each log directory: the `created_version` of the stream the log belongs to.
+STREAM_VERSION_FILE = "stream-version"
 
 
 class Broker:
@@ -314,19 +316,30 @@ class Broker:
             else:
                 follower.state = p
 
-    def _open_log(self, stream: StreamConfig, partition: int) -> Log:
-        key = (stream.name, partition)
+    def _open_log(self, stream: StreamConfig, partition: PartitionState) -> Log:
+        """The partition's open log. A directory left by an earlier stream of the same name
+        (deleted and created again while this broker was away) is emptied first: its records
+        belong to another stream. Each log directory names its stream's `created_version`."""
+        key = (stream.name, partition.partition)
         log_ = self._logs.get(key)
         if log_ is None:
-            log_ = self._logs[key] = Log(self._log_dir(stream.name, partition),
-                                         stream.log_config(), pool=self._pool)
+            directory = self._log_dir(stream.name, partition.partition)
+            marker = directory / STREAM_VERSION_FILE
+            version = str(partition.created_version).encode()
+            if directory.exists() and marker.exists() and marker.read_bytes() != version:
+                log.warning("%s/%d: data of an earlier stream of this name removed",
+                            stream.name, partition.partition)
+                shutil.rmtree(directory)
+            log_ = self._logs[key] = Log(directory, stream.log_config(), pool=self._pool)
+            if not marker.exists():
+                write_atomic(marker, version)
         return log_
 
     def _log_dir(self, stream: str, partition: int) -> Path:
         return self.data_dir / "logs" / f"{stream}-{partition}"
 
     async def _start_leader(self, stream: StreamConfig, partition: PartitionState) -> None:
-        log_ = self._open_log(stream, partition.partition)
+        log_ = self._open_log(stream, partition)
         assert self._nats is not None
         leader = PartitionLeader(stream, partition, log_, self._nats, self.config,
                                  self._executor, PartitionMetrics(),
@@ -363,7 +376,7 @@ class Broker:
     async def _start_follower(self, stream: StreamConfig, partition: PartitionState) -> None:
         assert self._cluster is not None
         follower = PartitionFollower(
-            stream, partition, self._open_log(stream, partition.partition), config=self.config,
+            stream, partition, self._open_log(stream, partition), config=self.config,
             executor=self._executor, address_of=self._cluster.address_of,
             report_failure=self._cluster.report_leader_failure, fence=self._fence)
         await follower.start()

@@ -466,3 +466,37 @@ async def eventually_sync(probe: Callable[[], T | None], what: str) -> T:
     async def once() -> T | None:
         return await asyncio.to_thread(probe)
     return await eventually(once, what)
+
+
+async def test_recreated_stream_does_not_reuse_old_data(cluster: list[BrokerProcess]) -> None:
+    """A broker away while a stream is deleted and created again under the same name drops
+    its old copy instead of serving the old records as the new stream's."""
+    await create_stream(cluster[0])
+    await publish_acked(cluster, [f"old{i}".encode() for i in range(30)])
+    away = cluster[2]
+    away.stop()
+    live = [b for b in cluster if b.running]
+    async with jetstream.connect(",".join(b.address for b in live)) as js:
+        await js.delete_stream(STREAM)
+        await js.create_stream(STREAM, SUBJECT, replication_factor=3, min_isr=1)
+    new = [f"new{i}".encode() for i in range(10)]
+    await publish_acked(cluster, new)
+    away.start()
+    await eventually(lambda: _full_isr(cluster[0]), "the returning broker in the new ISR")
+    for broker in cluster:
+        broker.stop()
+    copies = {b.broker_id: replica_bytes(b, len(new)) for b in cluster}
+    assert len(set(copies.values())) == 1, "replicas of the new stream differ"
+    values = {b.broker_id: all_values(b) for b in cluster}
+    assert values[away.broker_id] == values[cluster[0].broker_id]
+    assert set(new) <= set(values[away.broker_id])
+    assert not [v for v in values[away.broker_id] if v.startswith(b"old")]
+
+
+def all_values(broker: BrokerProcess) -> list[bytes]:
+    """Every record's value in the replica's log (broker stopped)."""
+    log = Log(broker.data_dir / "logs" / f"{STREAM}-0")
+    try:
+        return [r.value for r in log.read_records(log.log_start_offset)]
+    finally:
+        log.close()
