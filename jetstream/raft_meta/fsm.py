@@ -52,6 +52,9 @@ class RegisterBroker:
 @dataclass(frozen=True, slots=True)
 class CreateStream:
     config: StreamConfig
+    #: The brokers the proposer saw alive (None: every registered broker): replicas are
+    #: placed on these only, and a replication factor above their number is refused.
+    live: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +118,11 @@ class MetadataState:
             if existing != config:
                 raise StreamExists(config.name)
             return Created(existing, self.stream_partitions(config.name), existed=True)
-        if config.replication_factor > len(self.brokers):
-            raise NotEnoughReplicas(config.replication_factor, len(self.brokers))
-        placed = place_partitions(config, self.brokers, self.partitions.values(),
+        brokers = self.brokers if command.live is None else {
+            b: info for b, info in self.brokers.items() if b in command.live}
+        if config.replication_factor > len(brokers):
+            raise NotEnoughReplicas(config.replication_factor, len(brokers))
+        placed = place_partitions(config, brokers, self.partitions.values(),
                                   created_version=self.version)
         self.streams[config.name] = config
         for state in placed:

@@ -212,8 +212,9 @@ def encode_command(command: Command) -> dict[str, Any]:
     match command:
         case RegisterBroker(broker=broker):
             return {"type": "RegisterBroker", "broker": broker.to_dict()}
-        case CreateStream(config=config):
-            return {"type": "CreateStream", "config": config.to_dict()}
+        case CreateStream(config=config, live=live):
+            return {"type": "CreateStream", "config": config.to_dict(),
+                    "live": None if live is None else list(live)}
         case DeleteStream(name=name):
             return {"type": "DeleteStream", "name": name}
         case ChangeLeader(stream=stream, partition=partition, expected_epoch=epoch,
@@ -233,7 +234,9 @@ def decode_command(data: Mapping[str, Any]) -> Command:
     if kind == "RegisterBroker":
         return RegisterBroker(BrokerInfo(**data["broker"]))
     if kind == "CreateStream":
-        return CreateStream(StreamConfig.from_dict(data["config"]))
+        live = data.get("live")  # absent in journals written before it
+        return CreateStream(StreamConfig.from_dict(data["config"]),
+                            None if live is None else tuple(int(b) for b in live))
     if kind == "DeleteStream":
         return DeleteStream(data["name"])
     if kind == "ChangeLeader":

@@ -421,7 +421,8 @@ class Broker:
 
     async def create_stream(self, config: StreamConfig) -> bool:
         """Create the stream; False when an identical one existed (idempotent)."""
-        result = await self.metadata.propose(CreateStream(config))
+        live = None if self._cluster is None else self._cluster.live_brokers()
+        result = await self.metadata.propose(CreateStream(config, live))
         await self.reconcile()
         return not result.existed
 

@@ -167,6 +167,12 @@ class Cluster:
             await conn.close()
         return True
 
+    def live_brokers(self) -> tuple[int, ...]:
+        """This broker and those whose metadata Raft connection to it is up."""
+        up = {self.raft_ids[a] for a, status in self.metadata.status()["partners"].items()
+              if status == "up" and a in self.raft_ids}
+        return tuple(sorted(up | {self.broker_id}))
+
     def address_of(self, broker_id: int) -> str | None:
         """Where to dial a broker's socket API: its route if one is set, else its address."""
         route = self.config.peer_route_map.get(broker_id)

@@ -500,3 +500,27 @@ def all_values(broker: BrokerProcess) -> list[bytes]:
         return [r.value for r in log.read_records(log.log_start_offset)]
     finally:
         log.close()
+
+
+async def test_create_places_replicas_on_live_brokers(cluster: list[BrokerProcess]) -> None:
+    """With a broker down, a replication factor of 3 is refused (NOT_ENOUGH_REPLICAS) and a
+    factor of 2 lands on the two live brokers."""
+    down = cluster[2]
+    down.stop()
+    live = [b for b in cluster if b.running]
+
+    async def refused() -> bool | None:
+        async with jetstream.connect(live[0].address) as js:
+            try:
+                await js.create_stream("three", "three.in", replication_factor=3, min_isr=2)
+            except NotEnoughReplicas:
+                return True
+            await js.delete_stream("three")  # placed before the broker was seen gone
+        return None
+
+    await eventually(refused, "NOT_ENOUGH_REPLICAS for 3 replicas on 2 live brokers")
+    async with jetstream.connect(live[1].address) as js:
+        await js.create_stream("two", "two.in", partitions=4, replication_factor=2, min_isr=1)
+        info = await js.stream_info("two")
+    replicas = {r for p in info.partitions for r in p.replicas}
+    assert replicas == {b.broker_id for b in live}, info

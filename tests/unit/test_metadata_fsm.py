@@ -54,6 +54,18 @@ def test_replication_factor_above_the_broker_count_is_refused() -> None:
     assert "s" not in state.streams and not state.partitions
 
 
+def test_replicas_go_to_live_brokers_only() -> None:
+    state = cluster(4)
+    with pytest.raises(NotEnoughReplicas) as exc:
+        state.apply(CreateStream(StreamConfig("s", "s", replication_factor=3, min_isr=2),
+                                 live=(0, 3)))
+    assert (exc.value.needed, exc.value.available) == (3, 2)
+    created = state.apply(CreateStream(StreamConfig("t", "t", partitions=4,
+                                                    replication_factor=2, min_isr=1),
+                                       live=(0, 2, 3)))
+    assert {r for p in created.partitions for r in p.replicas} == {0, 2, 3}
+
+
 def test_delete_removes_partitions_and_unknown_streams_are_errors() -> None:
     state = cluster(1)
     state.apply(CreateStream(StreamConfig("s", "s", partitions=3)))
