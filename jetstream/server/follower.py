@@ -42,6 +42,7 @@ from jetstream.isr.follower import Done, TruncateFully, TruncateTo, epoch_to_ask
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
+from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.epoch import EpochEndOffset
 from jetstream.stream.log import FileSlice, Log
@@ -261,8 +262,15 @@ class PartitionFollower:
 
     def _append(self, payload: bytes) -> None:
         """Append and make durable by the stream's policy (in a thread: it may fsync): at once
-        under ALWAYS, when the interval has passed under INTERVAL."""
-        self.log.append_batches(payload, sync=self.stream.fsync is not FsyncPolicy.NEVER)
+        under ALWAYS, when the interval has passed under INTERVAL. A first batch that starts
+        below this log's end (this copy was cut inside one of the leader's batches: truncated
+        there, or cut back after a power loss) is appended from the log end on."""
+        data = fmt.skip_held(payload, self.log.log_end_offset)
+        if data is not payload:
+            log.warning("%s: the leader's batches straddle this log's end %d: appending from "
+                        "there", self.name, self.log.log_end_offset)
+        if data:
+            self.log.append_batches(data, sync=self.stream.fsync is not FsyncPolicy.NEVER)
 
     def _maybe_checkpoint(self) -> None:
         now = time.monotonic()

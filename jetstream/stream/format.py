@@ -378,6 +378,28 @@ def decode_batches_as(
     return out
 
 
+def skip_held(data: bytes | memoryview, log_end_offset: int) -> bytes | memoryview:
+    """Whole batches `data` (a follower's fetch answer) without the records below
+    `log_end_offset`, which the follower holds already: batches wholly below it are dropped,
+    and a batch straddling it is re-encoded from its first record at `log_end_offset` on (same
+    epoch, offsets, timestamps and contents). Returns `data` itself when it starts there."""
+    kept = bytearray()
+    for pos, header in iter_batches(data):
+        if header.next_offset <= log_end_offset:
+            continue
+        if header.base_offset >= log_end_offset:
+            if not kept and pos == 0:
+                return data
+            kept += data[pos:]
+            break
+        suffix = [r for r in decode_records(data, pos, header) if r.offset >= log_end_offset]
+        kept += encode_batch(
+            log_end_offset, header.leader_epoch,
+            [Record(r.value, r.key, r.headers, r.subject, r.timestamp_ms) for r in suffix],
+            suffix[0].timestamp_ms, [r.offset - log_end_offset for r in suffix])
+    return bytes(kept)
+
+
 def rebase_batch(batch: bytes, records: Sequence[StoredRecord]) -> bytes:
     """Re-encode a prefix of a batch's records keeping its base offset, epoch and timestamps
     (used to truncate inside a batch)."""

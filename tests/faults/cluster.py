@@ -283,12 +283,16 @@ class FaultCluster:
 
     def cut_log(self, b: int, partition: int, offset: int, garbage: bytes = b"") -> None:
         """Cut a stopped broker's replica of `partition` back to `offset` (what was surely
-        fsynced), then append `garbage` to its last segment (a torn write)."""
+        fsynced; rounded up to the end of the batch holding it, since a batch is written and
+        fsynced whole), then append `garbage` to its last segment (a torn write)."""
         directory = self.brokers[b].data_dir / "logs" / f"{STREAM}-{partition}"
         if not directory.exists():
             return
         log = Log(directory)
         try:
+            if log.log_start_offset <= offset < log.log_end_offset:
+                held = log.read_records(offset, 1)
+                offset = held[-1].offset + 1 if held else offset
             if offset < log.log_end_offset:
                 log.truncate_to(max(offset, log.log_start_offset))
             segments = sorted(directory.glob("*.log"))

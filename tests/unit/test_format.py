@@ -78,3 +78,20 @@ def test_rebase_keeps_offset_gaps() -> None:
     again = fmt.rebase_batch(data, records[:1])
     header = fmt.parse_header(again)
     assert (header.base_offset, header.last_offset, header.leader_epoch) == (100, 100, 3)
+
+
+def test_skip_held_drops_and_splits_what_the_follower_has() -> None:
+    recs = [fmt.Record(f"v{i}".encode(), key=b"k", headers={"h": b"1"}, subject="s",
+                       timestamp_ms=1000 + i) for i in range(6)]
+    first = fmt.encode_batch(10, 4, recs[:3], 1000)  # 10..12
+    second = fmt.encode_batch(13, 5, recs[3:], 1003)  # 13..15
+    data = first + second
+    assert fmt.skip_held(data, 10) is data
+    assert fmt.skip_held(data, 13) == second
+    assert fmt.skip_held(data, 16) == b""
+    split = fmt.skip_held(data, 11)
+    assert fmt.parse_header(split).base_offset == 11
+    whole = {r.offset: r for r in fmt.decode_batches(data)}
+    got = fmt.decode_batches(split)
+    assert [r.offset for r in got] == [11, 12, 13, 14, 15]
+    assert all(r == whole[r.offset] for r in got)  # every field kept, epochs too
