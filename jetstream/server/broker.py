@@ -94,6 +94,8 @@ class Broker:
         self._leaders: dict[tuple[str, int], PartitionLeader] = {}
         self._followers: dict[tuple[str, int], PartitionFollower] = {}
         self._logs: dict[tuple[str, int], Log] = {}
+        #: The created_version of the stream each open log belongs to.
+        self._log_versions: dict[tuple[str, int], int] = {}
         self._epochs = HighestEpochs()
         #: Partitions refused a role, with the metadata mark refused (warned about once).
         self._refused: dict[tuple[str, int], EpochMark] = {}
@@ -158,6 +160,7 @@ class Broker:
                         max(self.http_port, 0))
         if self._cluster is not None:
             await self._cluster.join(me)
+            await self._cluster.renew_leaderships()
             self._failover_task = asyncio.create_task(self._cluster.failover_loop(),
                                                       name="failover")
         else:
@@ -230,12 +233,14 @@ class Broker:
                       if p.leader == me or (clustered and me in p.replicas)}
             await self._retire_roles(wanted)
             for key in list(self._logs):
-                if key not in wanted:
+                p = wanted.get(key)
+                if p is None or p.created_version != self._log_versions[key]:
                     log_ = self._logs.pop(key)
-                    if key[0] in state.streams:
+                    del self._log_versions[key]
+                    if p is None and key[0] in state.streams:
                         log_.close()
                     else:
-                        log_.delete()
+                        log_.delete()  # its stream is gone (and maybe created again)
             admitted = await self._admit_epochs(state.streams, wanted)
             for key, partition in admitted.items():
                 if partition.leader == me:
@@ -304,14 +309,17 @@ class Broker:
         me = self.config.broker_id
         for key, leader in list(self._leaders.items()):
             p = wanted.get(key)
-            if p is None or p.leader != me or p.leader_epoch != leader.state.leader_epoch:
-                await self._stop_leader(key, abdicate=p is not None)
+            if p is None or p.created_version != leader.state.created_version:
+                await self._stop_leader(key)  # deleted (and maybe created again)
+            elif p.leader != me or p.leader_epoch != leader.state.leader_epoch:
+                await self._stop_leader(key, abdicate=True)
             elif p != leader.state:
                 leader.on_metadata(p)
         for key, follower in list(self._followers.items()):
             p = wanted.get(key)
-            if p is None or (p.leader, p.leader_epoch) != (follower.state.leader,
-                                                           follower.state.leader_epoch):
+            if p is None or (p.leader, p.leader_epoch, p.created_version) != (
+                    follower.state.leader, follower.state.leader_epoch,
+                    follower.state.created_version):
                 await self._stop_follower(key)
             else:
                 follower.state = p
@@ -331,6 +339,7 @@ class Broker:
                             stream.name, partition.partition)
                 shutil.rmtree(directory)
             log_ = self._logs[key] = Log(directory, stream.log_config(), pool=self._pool)
+            self._log_versions[key] = partition.created_version
             if not marker.exists():
                 write_atomic(marker, version)
         return log_

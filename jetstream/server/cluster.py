@@ -82,6 +82,41 @@ class Cluster:
                     raise
                 await asyncio.sleep(RETRY_S)
 
+    async def renew_leaderships(self) -> None:
+        """Move every partition this starting broker still leads to a new leader epoch.
+
+        A broker never resumes a leader epoch it held before it stopped: a crash may have
+        cost it writes that its followers hold (appended but not yet fsynced under any fsync
+        policy: followers fetch up to the leader's log end), and appending again at that
+        epoch would make two different histories of one epoch, which truncation by epoch
+        cannot tell apart. The new leader is another in-sync replica whose broker is up
+        (it holds everything committed), else this broker at the next epoch."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        before = {key: p.leader_epoch for key, p in self.metadata.state.partitions.items()
+                  if p.leader == self.broker_id}
+        while True:
+            partitions = self.metadata.state.partitions
+            led = [partitions[key] for key, epoch in before.items()
+                   if key in partitions and partitions[key].leader_epoch == epoch]
+            if not led:
+                return
+            live = set(self.live_brokers())
+            for p in led:
+                others = [r for r in p.replicas
+                          if r != self.broker_id and r in p.isr and r in live]
+                leader = others[0] if others else self.broker_id
+                log.info("%s/%d: led at epoch %d before this start: handing it to broker %d "
+                         "at the next epoch", p.stream, p.partition, p.leader_epoch, leader)
+                try:
+                    await self.metadata.propose(ChangeLeader(p.stream, p.partition,
+                                                             p.leader_epoch, leader))
+                except StaleMetadataEpoch:
+                    pass  # changed meanwhile: no longer this broker's old epoch
+                except MetadataUnavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(RETRY_S)
+
     # -- ISR proposals ---------------------------------------------------------------------------
 
     async def propose_isr(self, stream: str, partition: int, decision: ProposeIsr) -> bool | None:

@@ -116,32 +116,50 @@ def blackhole_leader(c: FaultCluster) -> list[float]:
 
 
 def power_loss(c: FaultCluster) -> list[float]:
-    """With fsync `always`: SIGKILL a broker and cut its files back to what was surely
-    fsynced (the HW it had as a leader; the position its leader had from it as a follower),
-    plus a torn write of random bytes at the end; restart it."""
+    """With fsync `always`: SIGKILL a broker and cut its files back to no more than it surely
+    had to keep, plus a torn write of random bytes at the end; restart it.
+
+    What a broker surely fsynced is known from outside only through its peers: a follower
+    fsyncs what it fetched before it fetches again, so its leader's record of its position
+    (read once the follower is dead and cannot fetch again) is a lower bound. A leader acks
+    and commits only below the HW, which is at most what every in-sync follower reported;
+    with the other brokers paused while it is read and killed, that least position cannot
+    be passed by the HW, so cutting the leader there loses nothing it could have acked."""
     if c.fsync is not FsyncPolicy.ALWAYS:
         return kill_leader(c)
     target = c.rng.randrange(BROKERS)
-    before = {p: c.partition(p) for p in range(c.partitions)}
-    killed_at = time.time()
-    c.kill(target)
-    kills: list[float] = []
-    for p, view in before.items():
-        if view is None:
+    others = [b for b in range(BROKERS) if b != target]
+    keep: dict[int, int] = {}
+    led: list[int] = []
+    for b in others:
+        c.pause(b)
+    try:
+        for p in range(c.partitions):
+            view = c.partition(p)
+            if view is None or view.leader != target:
+                continue
+            led.append(p)
+            followers = [r for r in view.isr if r != target]
+            known = [view.replica_end_offsets.get(r) for r in followers]
+            if followers and view.high_watermark is not None and None not in known:
+                keep[p] = min(k for k in known if k is not None)
+        killed_at = time.time()
+        c.kill(target)
+    finally:
+        for b in others:
+            c.resume(b)
+    for p in range(c.partitions):
+        if p in led:
             continue
-        if view.leader == target:
-            kills.append(killed_at)
-            keep = view.high_watermark or 0
-        else:
-            after = c.wait(lambda p=p: c.partition(p), f"partition {p} seen from its leader")
-            known = after.replica_end_offsets.get(target)
-            if known is None:
-                continue  # the leader has no position of it yet: nothing is known unsynced
-            keep = known
-        c.cut_log(target, p, keep, garbage=os.urandom(c.rng.randrange(1, 300)))
+        after = c.wait(lambda p=p: c.partition(p), f"partition {p} seen from its leader")
+        known_follower = after.replica_end_offsets.get(target)
+        if known_follower is not None:
+            keep[p] = known_follower
+    for p, offset in keep.items():
+        c.cut_log(target, p, offset, garbage=os.urandom(c.rng.randrange(1, 300)))
     hold(c.rng.uniform(0.5, 2.0))
     c.restart(target)
-    return kills
+    return [killed_at] if led else []
 
 
 def rolling_restart(c: FaultCluster) -> list[float]:

@@ -469,19 +469,22 @@ async def eventually_sync(probe: Callable[[], T | None], what: str) -> T:
 
 
 async def test_recreated_stream_does_not_reuse_old_data(cluster: list[BrokerProcess]) -> None:
-    """A broker away while a stream is deleted and created again under the same name drops
-    its old copy instead of serving the old records as the new stream's."""
+    """A broker that learns of a stream's deletion and its re-creation under the same name
+    only together (paused meanwhile, so still counted live and given a replica) drops its
+    old copy instead of serving the old records as the new stream's."""
     await create_stream(cluster[0])
     await publish_acked(cluster, [f"old{i}".encode() for i in range(30)])
     away = cluster[2]
-    away.stop()
-    live = [b for b in cluster if b.running]
-    async with jetstream.connect(",".join(b.address for b in live)) as js:
-        await js.delete_stream(STREAM)
-        await js.create_stream(STREAM, SUBJECT, replication_factor=3, min_isr=1)
+    live = [b for b in cluster if b is not away]
+    os.kill(away.pid, signal.SIGSTOP)
+    try:
+        async with jetstream.connect(",".join(b.address for b in live)) as js:
+            await js.delete_stream(STREAM)
+            await js.create_stream(STREAM, SUBJECT, replication_factor=3, min_isr=1)
+    finally:
+        os.kill(away.pid, signal.SIGCONT)
     new = [f"new{i}".encode() for i in range(10)]
     await publish_acked(cluster, new)
-    away.start()
     await eventually(lambda: _full_isr(cluster[0]), "the returning broker in the new ISR")
     for broker in cluster:
         broker.stop()
