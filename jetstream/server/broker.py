@@ -430,7 +430,9 @@ class Broker:
 
     async def create_stream(self, config: StreamConfig) -> bool:
         """Create the stream; False when an identical one existed (idempotent)."""
-        live = None if self._cluster is None else self._cluster.live_brokers()
+        live = None
+        if self._cluster is not None:
+            live = await self._cluster.wait_live(config.replication_factor)
         result = await self.metadata.propose(CreateStream(config, live))
         await self.reconcile()
         return not result.existed

@@ -44,6 +44,7 @@ FAILOVER_TICK_MS = 200
 READY_TIMEOUT_S = 120.0
 RETRY_S = 0.2
 REPORT_TIMEOUT_S = 2.0
+LIVE_POLL_S = 0.05
 
 
 def now_ms() -> int:
@@ -207,6 +208,15 @@ class Cluster:
         up = {self.raft_ids[a] for a, status in self.metadata.status()["partners"].items()
               if status == "up" and a in self.raft_ids}
         return tuple(sorted(up | {self.broker_id}))
+
+    async def wait_live(self, count: int) -> tuple[int, ...]:
+        """The live brokers, once there are `count` of them or `broker_timeout_ms` passed
+        (connections to partners come up shortly after a start: a stream created then should
+        not be refused for brokers that are merely still connecting)."""
+        deadline = time.monotonic() + self.config.broker_timeout_ms / 1000
+        while len(live := self.live_brokers()) < count and time.monotonic() < deadline:
+            await asyncio.sleep(LIVE_POLL_S)
+        return live
 
     def address_of(self, broker_id: int) -> str | None:
         """Where to dial a broker's socket API: its route if one is set, else its address."""
