@@ -3,7 +3,9 @@
 Theory of operation: with `cluster` set, every broker runs a RaftMetadata on its own Raft
 address (the others are its partners). A broker waits until its metadata has caught up with
 a leader before it registers itself (RegisterBroker, retried while no leader commits it) and
-before it takes any partition role, so it never acts on a stale replay of its journal.
+before it takes any partition role, so it never acts on a stale replay of its journal. Then
+it gives up every leader epoch it held before this start (`renew_leaderships`): each
+partition it still leads moves to a new epoch, led by another live in-sync replica if any.
 
 Failover is decided on the metadata leader's broker only: a FailoverController (pure) is fed
 every FAILOVER_TICK_MS with the brokers whose Raft connection is up (and this one), and with
