@@ -34,7 +34,7 @@ from jetstream.isr.leader import ProposeIsr
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.controller import FailoverController
 from jetstream.raft_meta.fsm import ChangeIsr, ChangeLeader, RegisterBroker, StaleMetadataEpoch
-from jetstream.raft_meta.model import BrokerInfo
+from jetstream.raft_meta.model import BrokerInfo, PartitionState
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.server.config import BrokerConfig
 from jetstream.tasks import cancel_and_wait
@@ -105,8 +105,7 @@ class Cluster:
                 return
             live = set(self.live_brokers())
             for p in led:
-                others = [r for r in p.replicas
-                          if r != self.broker_id and r in p.isr and r in live]
+                others = [r for r in self._successors(p) if r in live]
                 leader = others[0] if others else self.broker_id
                 log.info("%s/%d: led at epoch %d before this start: handing it to broker %d "
                          "at the next epoch", p.stream, p.partition, p.leader_epoch, leader)
@@ -148,11 +147,8 @@ class Cluster:
                 continue
             controller = self._controller_now()
             now = now_ms()
-            controller.on_broker_seen(self.broker_id, now)
-            for address, status in self.metadata.status()["partners"].items():
-                broker = self.raft_ids.get(address)
-                if status == "up" and broker is not None:
-                    controller.on_broker_seen(broker, now)
+            for broker in self.live_brokers():
+                controller.on_broker_seen(broker, now)
             for decision in controller.decide(self.metadata.state, now):
                 self._spawn(self._propose_leader(decision))
 
@@ -236,7 +232,7 @@ class Cluster:
             state = self.metadata.state.partitions.get((stream, partition))
             if state is None or state.leader != self.broker_id:
                 continue
-            candidates = [r for r in state.replicas if r != self.broker_id and r in state.isr]
+            candidates = self._successors(state)
             if not candidates:
                 continue
             try:
@@ -244,6 +240,11 @@ class Cluster:
                                                          candidates[0]))
             except JetstreamError as exc:
                 log.warning("hand-over of %s/%d failed: %s", stream, partition, exc)
+
+    def _successors(self, state: PartitionState) -> list[int]:
+        """The partition's in-sync replicas other than this broker, in replica order: the
+        brokers it may hand its leadership to."""
+        return [r for r in state.replicas if r != self.broker_id and r in state.isr]
 
     async def close(self) -> None:
         await cancel_and_wait(*self._tasks)

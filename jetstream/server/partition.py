@@ -176,12 +176,7 @@ class PartitionLeader:
     async def abdicate(self) -> None:
         """Leadership moved: stop taking messages at once and answer the `all` acks still owed
         with NOT_LEADER (this broker can no longer commit them)."""
-        self._stopping = True
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.close()
-        await self._cancel_tasks()
+        await self._stop_taking()
         await self._sync_now()
         owed: list[tuple[str, str | None, JetstreamError]] = []
         error = NotLeader(self.stream.name, self.state.partition)
@@ -197,6 +192,17 @@ class PartitionLeader:
         self._wake_readers()
         self._checkpoint()
 
+    async def _stop_taking(self) -> Subscription | None:
+        """Stop taking messages: close the NATS subscription (returned, for what it still
+        buffers) and stop the background tasks."""
+        self._stopping = True
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.close()
+        await self._cancel_tasks()
+        return sub
+
     async def _cancel_tasks(self) -> None:
         for task in list(self._proposals):
             task.cancel()
@@ -205,12 +211,7 @@ class PartitionLeader:
 
     async def stop(self) -> None:
         """Stop taking messages, finish what was taken (append, fsync, ack), then stop."""
-        self._stopping = True
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.close()
-        await self._cancel_tasks()
+        sub = await self._stop_taking()
         # Messages already buffered are appended and acked: they were received.
         if sub is not None:
             while batch := sub.take_batch(self._config.ingest_batch_records_max,
