@@ -24,7 +24,8 @@ varints (cheaper to encode and decode in Python).
       offset_delta       u32  record offset minus base_offset (gaps allowed: compaction)
       timestamp_delta    i64  record timestamp minus first_timestamp
       key_length         i32  -1 when the record has no key
-      value_length       u32
+      value_length       u32  NULL_VALUE_LENGTH (0xFFFFFFFF) when the value is null: a
+                              tombstone (a null value is not the empty value b"")
       subject_length     u16  NATS subject the record arrived on, UTF-8, may be empty
       header_count       u16
       key, value, subject bytes
@@ -66,6 +67,9 @@ RECORD_HEADER = struct.Struct(">IIqiIHH")
 assert RECORD_HEADER.size == 28
 _RECORD_HEADER_AFTER_LENGTH = RECORD_HEADER.size - 4
 
+#: `value_length` of a record whose value is null (a tombstone, with a key).
+NULL_VALUE_LENGTH = 0xFFFFFFFF
+
 HEADER_NAME = struct.Struct(">H")
 HEADER_VALUE = struct.Struct(">I")
 
@@ -80,10 +84,11 @@ NO_HEADERS: Mapping[str, bytes] = MappingProxyType({})
 
 
 class Record(NamedTuple):
-    """A record to append. `timestamp_ms` None means: stamp it with the log's clock.
+    """A record to append. `timestamp_ms` None means: stamp it with the log's clock. A null
+    `value` (None) is a tombstone: on a compacted stream it deletes its key.
     (A named tuple: the broker builds one per message it ingests.)"""
 
-    value: bytes
+    value: bytes | None
     key: bytes | None = None
     headers: Mapping[str, bytes] = NO_HEADERS
     subject: str = ""
@@ -96,7 +101,7 @@ class StoredRecord(NamedTuple):
 
     offset: int
     timestamp_ms: int
-    value: bytes
+    value: bytes | None
     key: bytes | None
     headers: Mapping[str, bytes]
     subject: str
@@ -136,7 +141,9 @@ class BatchFormatError(ValueError):
 
 def record_size(record: Record) -> int:
     """Encoded size of one record, header included."""
-    size = RECORD_HEADER.size + len(record.value) + len(record.subject.encode())
+    size = RECORD_HEADER.size + len(record.subject.encode())
+    if record.value is not None:
+        size += len(record.value)
     if record.key is not None:
         size += len(record.key)
     for name, value in record.headers.items():
@@ -175,6 +182,10 @@ def encode_batch_parts(
             max_ts = ts
         key = record.key
         value = record.value
+        if value is None:
+            value, value_len = b"", NULL_VALUE_LENGTH
+        else:
+            value_len = len(value)
         subject = record.subject.encode() if record.subject else b""
         headers = record.headers
         if headers:
@@ -192,12 +203,12 @@ def encode_batch_parts(
             raise ValueError("subject or header count exceeds 65535")
         if key is None:
             length = _RECORD_HEADER_AFTER_LENGTH + len(value) + len(subject) + len(hbytes)
-            append(pack_record(length, delta, ts - first_ts, -1, len(value), len(subject),
+            append(pack_record(length, delta, ts - first_ts, -1, value_len, len(subject),
                                len(headers)))
         else:
             length = (_RECORD_HEADER_AFTER_LENGTH + len(key) + len(value) + len(subject)
                       + len(hbytes))
-            append(pack_record(length, delta, ts - first_ts, len(key), len(value), len(subject),
+            append(pack_record(length, delta, ts - first_ts, len(key), value_len, len(subject),
                                len(headers)))
             append(key)
         append(value)
@@ -319,8 +330,11 @@ def decode_records_as(
             p += key_len
         else:
             key = None
-        value = data[p:p + value_len]
-        p += value_len
+        if value_len == NULL_VALUE_LENGTH:
+            value: bytes | None = None
+        else:
+            value = data[p:p + value_len]
+            p += value_len
         if subject_len:
             subject = data[p:p + subject_len].decode()
             p += subject_len

@@ -318,8 +318,9 @@ class Log:
         # Cheap bound first: exact sizes only for records that could be near the limit.
         near = cfg.record_bytes_max - fmt.RECORD_HEADER.size - 64 * 1024
         for record in records:
-            if len(record.value) > near or record.headers or len(record.subject) > 1024 or (
-                record.key is not None and len(record.key) > 1024
+            value = record.value
+            if (value is not None and len(value) > near) or record.headers or (
+                len(record.subject) > 1024 or (record.key is not None and len(record.key) > 1024)
             ):
                 try:
                     size = fmt.record_size(record)

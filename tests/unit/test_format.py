@@ -11,7 +11,7 @@ from jetstream.stream import format as fmt
 names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=20)
 records = st.builds(
     fmt.Record,
-    value=st.binary(max_size=300),
+    value=st.none() | st.binary(max_size=300),
     key=st.none() | st.binary(max_size=40),
     headers=st.dictionaries(names, st.binary(max_size=40), max_size=4),
     subject=st.text(max_size=30),
@@ -44,6 +44,14 @@ def test_batch_round_trip(base: int, epoch: int, batch: list[fmt.Record], now: i
         assert got.leader_epoch == epoch
     assert header.max_timestamp == max(r.timestamp_ms for r in decoded)
     assert sum(fmt.record_size(r) for r in batch) + fmt.BATCH_HEADER.size == len(data)
+
+
+def test_a_null_value_is_not_an_empty_value() -> None:
+    batch = [fmt.Record(None, b"k"), fmt.Record(b"", b"k"), fmt.Record(None), fmt.Record(b"v")]
+    data = fmt.encode_batch(0, 0, batch, 5)
+    assert [r.value for r in fmt.decode_batches(data)] == [None, b"", None, b"v"]
+    # A tombstone stores no value bytes: its record is as long as the empty value's.
+    assert fmt.record_size(batch[0]) == fmt.record_size(batch[1])
 
 
 @given(batch=st.lists(records, min_size=1, max_size=5), data=st.data())
