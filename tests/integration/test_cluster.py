@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import jetstream
-from jetstream.client import client as client_module
+from jetstream.client import routing as client_module
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas, NotLeader
 from jetstream.isr import highest_epochs
@@ -419,11 +419,11 @@ async def test_client_reads_from_a_chosen_isr_replica_and_falls_back_to_the_lead
     async with jetstream.connect(leader.address) as js:
         async with js.subscribe(STREAM, stop="latest", read_isr_replica=True) as sub:
             assert [msg.value async for msg in sub] == values
-        assert js._read_replicas == {(STREAM, 0): follower.broker_id}
+        assert js._router.read_replicas == {(STREAM, 0): follower.broker_id}
         assert follower.stop() == 0  # a follower: nothing to hand over
         result = await js.fetch(STREAM, 0, 0, read_isr_replica=True)  # at the leader now
         assert [msg.value for msg in result.messages] == values
-        assert js._read_replicas == {}
+        assert js._router.read_replicas == {}
 
 
 def test_cluster_status_shows_offsets_of_every_partition_and_replica(
