@@ -139,12 +139,11 @@ def test_the_cycle_finder_finds_cycles() -> None:
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layers_point_one_way(layer: str) -> None:
     forbidden = FORBIDDEN[layer]
-    offences = []
-    for name, path in all_modules().items():
-        if name != layer and not name.startswith(layer + "."):
-            continue
-        for target in imported_names(path, name):
-            for banned in forbidden:
-                if target == banned or target.startswith(banned + "."):
-                    offences.append(f"{name} imports {target}")
+    offences = [
+        f"{name} imports {target}"
+        for name, path in all_modules().items()
+        if name == layer or name.startswith(layer + ".")
+        for target in imported_names(path, name)
+        if any(target == banned or target.startswith(banned + ".") for banned in forbidden)
+    ]
     assert offences == []

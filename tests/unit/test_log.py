@@ -302,7 +302,7 @@ def test_reads_follow_max_bytes_and_the_bound(
     bounds = sorted({leo, leo - 1, leo // 2, layout[3][0], layout[3][0] + 1, 1, 0})
     checked = 0
     for bound in bounds:
-        for offset in range(0, bound):
+        for offset in range(bound):
             for max_bytes in (0, 1, 300, 700, 1500, 10_000):
                 first, next_offset, length = expected_span(layout, offset, max_bytes, bound)
                 with log.read(offset, max_bytes, upper_bound=bound) as piece:
