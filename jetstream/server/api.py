@@ -23,7 +23,7 @@ from jetstream.errors import ProtocolError
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.partition import PartitionLeader
-from jetstream.stream.log import FileSlice
+from jetstream.stream.file_slice import FileSlice
 
 #: A Fetch's answer: the response, and the batches it carries as a slice of a segment file.
 FetchResult: TypeAlias = tuple[m.FetchResponse, FileSlice]

@@ -30,7 +30,7 @@ from jetstream.protocol import messages as m
 from jetstream.server.api import RequestHandler, Result
 from jetstream.server.config import BrokerConfig
 from jetstream.server.metrics import BrokerMetrics
-from jetstream.stream.log import FileSlice
+from jetstream.stream.file_slice import FileSlice
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
