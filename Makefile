@@ -25,7 +25,7 @@ dev: install
 	$(BIN)/jetstream dev
 
 lint: install-dev
-	$(BIN)/ruff check jetstream tests bench
+	$(BIN)/ruff check jetstream tests bench typings
 	$(BIN)/mypy
 
 test: lint

@@ -123,7 +123,8 @@ async def run_side(url: str, count: int, mode: str,
     clock = Clock()
     if mode == "backlog":
         # Blocking on purpose: the event loop must not read while the backlog builds up.
-        done = subprocess.run(publisher_argv(url, count), capture_output=True, check=True,
+        done = subprocess.run(  # noqa: ASYNC221
+            publisher_argv(url, count), capture_output=True, check=True,
                               timeout=RUN_TIMEOUT_S)
         clock.start()
         received = await asyncio.wait_for(consume(clock, False), RUN_TIMEOUT_S)

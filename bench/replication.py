@@ -54,7 +54,6 @@ import jetstream
 from bench.ingest import (
     PAYLOAD,
     RESULTS_DIR,
-    PubRun,
     median_run,
     percentile,
     progress,
@@ -179,9 +178,8 @@ class OurCluster:
 
 
 async def runs(plan: Plan, url: str, count: int) -> dict[str, Any]:
-    results: list[PubRun] = []
-    for _ in range(plan.repeats):
-        results.append(await publish_with_acks(url, SUBJECT, count, plan.window))
+    results = [await publish_with_acks(url, SUBJECT, count, plan.window)
+               for _ in range(plan.repeats)]
     return median_run(results)
 
 
@@ -406,8 +404,8 @@ def table(r: dict[str, Any]) -> str:
         ("ours R3, fsync always, ack all", r["ours_fsync_always"]),
         ("NATS JetStream R3, sync_interval always", r["jetstream_r3_sync_always"]),
     ]
-    lines = [f"{'publish, 128 B, window ' + str(r['window']):42} {'msgs/s':>9} {'p50 ms':>8} "
-             f"{'p99 ms':>8} {'errors':>6}"]
+    lines = [(f"{'publish, 128 B, window ' + str(r['window']):42} {'msgs/s':>9} {'p50 ms':>8} "
+             f"{'p99 ms':>8} {'errors':>6}")]
     for name, row in rows:
         lines.append(f"{name:42} {row['msgs_per_s']:9.0f} {row['ack_p50_ms']:8.2f} "
                      f"{row['ack_p99_ms']:8.2f} {row['errors']:6d}")
@@ -415,14 +413,14 @@ def table(r: dict[str, Any]) -> str:
     p99 = "p99 (= max: few samples)" if f["p99_is_max"] else "p99"
     lines += [
         "",
-        f"lazy ours/JetStream R3 {r['r3_ratio_vs_jetstream_r3']:.2f}   "
-        f"durable ours/JetStream R3 {r['r3_fsync_always_ratio_vs_jetstream_r3']:.2f}",
+        (f"lazy ours/JetStream R3 {r['r3_ratio_vs_jetstream_r3']:.2f}   "
+        f"durable ours/JetStream R3 {r['r3_fsync_always_ratio_vs_jetstream_r3']:.2f}"),
         f"failover (SIGKILL of the leader -> first ack of a later message), "
         f"{len(f['samples_s'])} rounds: p50 {f['p50_s']:.2f} s, {p99} {f['p99_s']:.2f} s"
         + (f", {f['slow']} over {FAILOVER_SLOW_S:.0f} s" if f["slow"] else ""),
         f"  samples {f['samples_s']}",
-        f"  paced publisher at {f['rate_msgs_per_s']}/s: {f['traffic']} (unacked: published "
-        "while no leader subscribed, or in flight to the killed one)",
+        (f"  paced publisher at {f['rate_msgs_per_s']}/s: {f['traffic']} (unacked: published "
+        "while no leader subscribed, or in flight to the killed one)"),
     ]
     return "\n".join(lines)
 

@@ -60,10 +60,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from jetstream.stream.config import FsyncPolicy, LogConfig
 from jetstream.stream.format import Record
 from jetstream.stream.log import Log
+
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
+
+#: A figure set as it is written to JSON: numbers, strings, lists and nested figure sets.
+JsonObject = dict[str, Any]
 
 MiB = 1024 * 1024
 MB = 1_000_000
@@ -137,7 +144,7 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def summarize(samples: Sequence[Sample]) -> dict[str, object]:
+def summarize(samples: Sequence[Sample]) -> JsonObject:
     """Medians of the per-run rates (not rates of summed totals), and their spread. CPU time
     per record is steadier than wall-clock rates when a neighbour takes the CPU; CPU share
     (CPU time / wall time) well below 1 means waiting: on fsync, or for the CPU."""
@@ -189,7 +196,7 @@ def append_run(directory: Path, config: LogConfig, batches: Sequence[Sequence[Re
         log.delete()
 
 
-def append_matrix(workdir: Path, plan: Plan) -> list[dict[str, object]]:
+def append_matrix(workdir: Path, plan: Plan) -> list[JsonObject]:
     cells = []
     for record_bytes, batch_records, policy in itertools.product(RECORD_SIZES, BATCH_SIZES,
                                                                  POLICIES):
@@ -205,8 +212,8 @@ def append_matrix(workdir: Path, plan: Plan) -> list[dict[str, object]]:
     return cells
 
 
-def find_cell(cells: Sequence[dict[str, object]], record_bytes: int, batch_records: int,
-              policy: FsyncPolicy) -> dict[str, object]:
+def find_cell(cells: Sequence[JsonObject], record_bytes: int, batch_records: int,
+              policy: FsyncPolicy) -> JsonObject:
     key = (record_bytes, batch_records, policy.value)
     return next(c for c in cells if (c["record_bytes"], c["batch_records"], c["fsync"]) == key)
 
@@ -218,7 +225,7 @@ def counting_fsync() -> Iterator[itertools.count[int]]:
     counter = itertools.count()
     real_fsync = os.fsync
 
-    def fsync(fd: int) -> None:
+    def fsync(fd: FileDescriptorLike) -> None:  # os.fsync's own signature
         next(counter)
         real_fsync(fd)
 
@@ -263,7 +270,7 @@ def group_commit_run(directory: Path, seconds: float) -> tuple[Sample, int]:
     return Sample(records, records * 128, disk_bytes, elapsed, cpu), fsyncs
 
 
-def group_commit(workdir: Path, plan: Plan, one_thread_records_per_s: float) -> dict[str, object]:
+def group_commit(workdir: Path, plan: Plan, one_thread_records_per_s: float) -> JsonObject:
     runs = [group_commit_run(workdir / f"group-{rep}", plan.group_commit_seconds)
             for rep in range(plan.repeats)]
     samples = [sample for sample, _fsyncs in runs]
@@ -324,14 +331,14 @@ def timed_passes(read_pass: Callable[[Log], int], log: Log, record_bytes: int,
                           time.process_time() - cpu_start)
 
 
-def reads(workdir: Path, plan: Plan) -> dict[str, object]:
+def reads(workdir: Path, plan: Plan) -> JsonObject:
     log = build_read_log(workdir / "read", plan.read_log_records)
     try:
         decoded = [timed_passes(read_records_pass, log, 128, plan.read_seconds_min)
                    for _ in range(plan.repeats)]
         raw = [timed_passes(read_bytes_pass, log, 128, plan.read_seconds_min)
                for _ in range(plan.repeats)]
-        result = {"log_records": log.log_end_offset, "record_bytes": 128,
+        result: JsonObject = {"log_records": log.log_end_offset, "record_bytes": 128,
                   "batch_records": 1000, "log_bytes": log.size_bytes,
                   "read_records": summarize(decoded), "read_bytes": summarize(raw)}
     finally:
@@ -418,7 +425,7 @@ def pair_figures(pair: WritePair, volume: int) -> dict[str, float]:
             "ratio": log / raw, "ratio_with_fsync": log_close / raw_fsync}
 
 
-def write_side_by_side(workdir: Path, plan: Plan) -> dict[str, object]:
+def write_side_by_side(workdir: Path, plan: Plan) -> JsonObject:
     """Raw sequential writes and the log's 1 KiB x 1000 fsync-NEVER appends of the same
     volume, alternating (see the module docstring); the first pair only warms up. The ratios
     are medians of per-pair ratios: the two halves of a pair ran under the same conditions."""
@@ -427,7 +434,7 @@ def write_side_by_side(workdir: Path, plan: Plan) -> dict[str, object]:
     write_pair(workdir, batches, volume)
     pairs = [write_pair(workdir, batches, volume) for _ in range(plan.repeats)]
     runs = [pair_figures(pair, volume) for pair in pairs]
-    result: dict[str, object] = {name: statistics.median(run[name] for run in runs)
+    result: JsonObject = {name: statistics.median(run[name] for run in runs)
                                  for name in runs[0]}
     result.update(bytes_per_run=volume, runs=runs, log=summarize([p.log for p in pairs]))
     progress(f"raw write {result['raw_write_mb_per_s']:,.0f} MB/s, log 1 KiB x 1000 "
@@ -435,7 +442,7 @@ def write_side_by_side(workdir: Path, plan: Plan) -> dict[str, object]:
     return result
 
 
-def fsync_latency(workdir: Path, plan: Plan) -> dict[str, object]:
+def fsync_latency(workdir: Path, plan: Plan) -> JsonObject:
     runs = [raw_fsync_run(workdir / "raw-fsync", plan.fsync_iterations)
             for _ in range(plan.repeats)]
     result = {"iterations_per_run": plan.fsync_iterations,
@@ -447,7 +454,7 @@ def fsync_latency(workdir: Path, plan: Plan) -> dict[str, object]:
 
 # -- putting it together --------------------------------------------------------------------------
 
-def git_state() -> dict[str, object]:
+def git_state() -> JsonObject:
     """The commit measured, and whether the storage engine had uncommitted edits."""
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], capture_output=True, text=True, check=False,
@@ -458,7 +465,7 @@ def git_state() -> dict[str, object]:
             "engine_dirty": bool(git("status", "--porcelain", "--", "jetstream/stream"))}
 
 
-def run(workdir: Path, plan: Plan, quick: bool) -> dict[str, object]:
+def run(workdir: Path, plan: Plan, quick: bool) -> JsonObject:
     # Load averages before and after: a busy neighbour explains an odd run.
     load_before = os.getloadavg()
     fsyncs = fsync_latency(workdir, plan)
@@ -504,7 +511,7 @@ def run(workdir: Path, plan: Plan, quick: bool) -> dict[str, object]:
     }
 
 
-def table(results: dict[str, object]) -> str:
+def table(results: JsonObject) -> str:
     plan = results["plan"]
     load = results["loadavg_before"][0], results["loadavg_after"][0]
     title = (f"Jetstream storage benchmark ({results['mode']}, median of {plan['repeats']} "
@@ -515,40 +522,40 @@ def table(results: dict[str, object]) -> str:
     return "\n\n".join(sections)
 
 
-def disk_table(results: dict[str, object]) -> str:
+def disk_table(results: JsonObject) -> str:
     side, fsyncs = results["write_side_by_side"], results["fsync_latency"]
     volume = side["bytes_per_run"] // MiB
     raw_runs = [run["raw_write_mb_per_s"] for run in side["runs"]]
     return "\n".join([
         f"raw disk vs log: {volume} MiB each, 1 MiB os.write vs Log.append 1 KiB x 1000",
         f"  {'':<28} {'raw MB/s':>10} {'log MB/s':>10} {'log / raw':>10}",
-        f"  {'page cache (no fsync)':<28} {side['raw_write_mb_per_s']:>10,.0f} "
-        f"{side['log_mb_per_s']:>10,.0f} {side['ratio']:>10.2f}",
-        f"  {'ending with fsync / close':<28} {side['raw_write_fsync_mb_per_s']:>10,.0f} "
-        f"{side['log_close_mb_per_s']:>10,.0f} {side['ratio_with_fsync']:>10.2f}",
-        f"  raw write runs: {', '.join(f'{r:,.0f}' for r in raw_runs)} MB/s (under ~1,500: cold "
-        f"pages, see --help)",
-        f"  raw 4 KiB write + fsync: p50 {fsyncs['p50_ms']:.3f} ms, "
-        f"p99 {fsyncs['p99_ms']:.3f} ms",
+        (f"  {'page cache (no fsync)':<28} {side['raw_write_mb_per_s']:>10,.0f} "
+        f"{side['log_mb_per_s']:>10,.0f} {side['ratio']:>10.2f}"),
+        (f"  {'ending with fsync / close':<28} {side['raw_write_fsync_mb_per_s']:>10,.0f} "
+        f"{side['log_close_mb_per_s']:>10,.0f} {side['ratio_with_fsync']:>10.2f}"),
+        (f"  raw write runs: {', '.join(f'{r:,.0f}' for r in raw_runs)} MB/s (under ~1,500: cold "
+        f"pages, see --help)"),
+        (f"  raw 4 KiB write + fsync: p50 {fsyncs['p50_ms']:.3f} ms, "
+        f"p99 {fsyncs['p99_ms']:.3f} ms"),
     ])
 
 
-def append_table(cells: Sequence[dict[str, object]]) -> str:
+def append_table(cells: Sequence[JsonObject]) -> str:
     lines = [
         "append for a fixed time (Log.append; MB/s of values, disk MB/s of encoded batches)",
-        f"  {'record':>6} {'batch':>5} {'fsync':<8} {'records/s':>12} {'MB/s':>8} "
-        f"{'disk MB/s':>9} {'spread':>7} {'CPU us/rec':>10} {'CPU':>5}",
+        (f"  {'record':>6} {'batch':>5} {'fsync':<8} {'records/s':>12} {'MB/s':>8} "
+        f"{'disk MB/s':>9} {'spread':>7} {'CPU us/rec':>10} {'CPU':>5}"),
     ]
-    for cell in cells:
-        lines.append(
-            f"  {cell['record_bytes']:>4} B {cell['batch_records']:>5} {cell['fsync']:<8} "
-            f"{cell['records_per_s']:>12,.0f} {cell['mb_per_s']:>8,.1f} "
-            f"{cell['disk_mb_per_s']:>9,.1f} {cell['spread']:>7.0%} "
-            f"{cell['cpu_us_per_record']:>10.2f} {cell['cpu_share']:>5.0%}")
+    lines.extend(
+        f"  {cell['record_bytes']:>4} B {cell['batch_records']:>5} {cell['fsync']:<8} "
+        f"{cell['records_per_s']:>12,.0f} {cell['mb_per_s']:>8,.1f} "
+        f"{cell['disk_mb_per_s']:>9,.1f} {cell['spread']:>7.0%} "
+        f"{cell['cpu_us_per_record']:>10.2f} {cell['cpu_share']:>5.0%}"
+        for cell in cells)
     return "\n".join(lines)
 
 
-def group_commit_table(grouped: dict[str, object]) -> str:
+def group_commit_table(grouped: JsonObject) -> str:
     return (
         f"group commit: {grouped['threads']} threads, 128 B x 1, fsync always\n"
         f"  {grouped['records_per_s']:>12,.0f} records/s "
@@ -558,16 +565,16 @@ def group_commit_table(grouped: dict[str, object]) -> str:
     )
 
 
-def read_table(read: dict[str, object]) -> str:
+def read_table(read: JsonObject) -> str:
     return "\n".join([
         f"read from the start: {read['log_records']:,} records of 128 B in batches of 1000",
-        f"  read_records (decoded)  {read['read_records']['records_per_s']:>12,.0f} records/s"
-        f"  ({read['read_records']['cpu_us_per_record']:.2f} CPU us/record)",
+        (f"  read_records (decoded)  {read['read_records']['records_per_s']:>12,.0f} records/s"
+        f"  ({read['read_records']['cpu_us_per_record']:.2f} CPU us/record)"),
         f"  read_bytes (raw)        {read['read_bytes']['disk_mb_per_s']:>12,.0f} MB/s",
     ])
 
 
-def targets_table(results: dict[str, object]) -> str:
+def targets_table(results: JsonObject) -> str:
     return "\n".join([
         "targets",
         target_line("append 128 B x 1000, fsync never",
@@ -585,7 +592,7 @@ def target_line(name: str, value: float, target: float, met: bool, fmt: str) -> 
     return f"  {name:<40} {fmt.format(value):>18}  target {fmt.format(target)}: {verdict}"
 
 
-def save(results: dict[str, object]) -> Path:
+def save(results: JsonObject) -> Path:
     """Write the JSON beside the other runs; a .tmp then a rename, so no half file remains."""
     RESULTS_DIR.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

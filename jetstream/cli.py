@@ -113,11 +113,11 @@ def _print_dev_ready(args: argparse.Namespace, data_dir: Path, nats_url: str,
                           "data_dir": str(data_dir), "pid": os.getpid(),
                           "broker_info": infos}), flush=True)
         return
-    lines = [f"Jetstream dev: embedded NATS and a {len(infos)}-broker cluster "
-             f"(data in {data_dir})", f"  NATS          {nats_url}"]
-    for info in infos:
-        lines.append(f"  broker {info['broker_id']}      {info['host']}:{info['port']}   "
-                     f"HTTP http://{info['host']}:{info['http_port']} (docs: /docs)")
+    lines = [(f"Jetstream dev: embedded NATS and a {len(infos)}-broker cluster "
+             f"(data in {data_dir})"), f"  NATS          {nats_url}"]
+    lines.extend(f"  broker {info['broker_id']}      {info['host']}:{info['port']}   "
+                 f"HTTP http://{info['host']}:{info['http_port']} (docs: /docs)"
+                 for info in infos)
     lines += ["", "Try, in another terminal:", f"  export JETSTREAM_BROKERS={addresses}",
               "  jetstream stream create orders --subject 'orders.*'",
               "  jetstream pub orders.new 'hello'", "  jetstream sub orders --from earliest",

@@ -42,6 +42,8 @@ BROKERS_ENV = "JETSTREAM_BROKERS"
 ACK_TIMEOUT_S = 5.0
 #: Messages `pub --count` keeps un-acked at once.
 PUBLISH_WINDOW = 1000
+#: How long `cluster status` waits for each broker to describe its own NATS connection.
+SELF_REPORT_TIMEOUT_S = 2.0
 #: A progress display is redrawn at most this often.
 PROGRESS_REDRAW_S = 0.2
 
@@ -285,12 +287,40 @@ async def stream_delete(js: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _own_entry(address: str, broker_id: int) -> dict[str, Any]:
+    """A broker's entry of the broker list as that broker gives it: only it knows its NATS
+    connection (URL and state). {} when it cannot be asked in SELF_REPORT_TIMEOUT_S."""
+    from jetstream.client import BrokerConnection
+    from jetstream.errors import JetstreamError
+    from jetstream.protocol import messages as m
+
+    conn = BrokerConnection(address, client_id="jetstream-cli",
+                            connect_timeout_s=SELF_REPORT_TIMEOUT_S,
+                            request_timeout_s=SELF_REPORT_TIMEOUT_S)
+    try:
+        await conn.open()
+        response = await conn.request(m.MetadataRequest([]))  # no streams: brokers only
+    except (JetstreamError, OSError):
+        return {}
+    finally:
+        await conn.close()
+    if not isinstance(response, m.MetadataResponse):
+        return {}
+    return next((b for b in response.brokers if b.get("id") == broker_id), {})
+
+
 async def cluster_status(js: Client, args: argparse.Namespace) -> int:
     from jetstream.errors import JetstreamError
 
     streams = await js.list_streams()
     await js.refresh_metadata()  # brokers and the metadata leader
-    brokers = [{**asdict(b), "address": b.address} for b in js.brokers]
+    # Each broker is asked for its own NATS connection, as a partition's leader is for its
+    # offsets below; one that does not answer shows "-" (null).
+    own = await asyncio.gather(*(_own_entry(b.address, b.id) for b in js.brokers))
+    brokers = [{**asdict(b), "address": b.address,
+                "nats_url": entry.get("nats_url") or b.nats_url or None,
+                "nats_state": entry.get("nats_state")}
+               for b, entry in zip(js.brokers, own, strict=True)]
     partitions = []
     for stream in streams:
         for p in stream.partitions:
@@ -306,8 +336,8 @@ async def cluster_status(js: Client, args: argparse.Namespace) -> int:
         f"metadata leader: {'unknown' if leader is None else f'broker {leader}'}",
         "",
         f"brokers ({len(brokers)})",
-        table(["ID", "ADDRESS", "HTTP", "NATS"],
-              [(b["id"], b["address"], b["http_port"] or None, b["nats_url"] or None)
+        table(["ID", "ADDRESS", "HTTP", "NATS", "NATS STATE"],
+              [(b["id"], b["address"], b["http_port"] or None, b["nats_url"], b["nats_state"])
                for b in brokers]),
         "", f"partitions ({len(partitions)})",
         table(["STREAM", "PARTITION", "LEADER", "EPOCH", "ISR", "REPLICAS", "HW", "LEO"],
@@ -546,5 +576,6 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
 
     cluster = commands.add_parser("cluster", help="cluster state")
     leaf(cluster.add_subparsers(dest="cluster_command", required=True), "status",
-         cluster_status, "brokers, the metadata leader, and each partition's leader, ISR, "
-                         "epoch, HW and LEO (--json: each replica's LEO too)")
+         cluster_status, "brokers (with each one's NATS URL and connection state), the "
+                         "metadata leader, and each partition's leader, ISR, epoch, HW and "
+                         "LEO (--json: each replica's LEO too)")

@@ -180,6 +180,31 @@ class FrameError(ProtocolError):
     header). The stream cannot be resynchronised: close the connection."""
 
 
+class UnknownRoute(ProtocolError):
+    """No HTTP route has this path (a typo, or a route of another version). The broker's
+    routes are listed in its OpenAPI document: GET /openapi.json, or /docs in a browser."""
+
+    code = "UNKNOWN_ROUTE"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"no route {path!r}; see /openapi.json", path=path)
+
+
+class MethodNotAllowed(ProtocolError):
+    """The HTTP route exists but does not take this method; `allowed` lists the methods it
+    takes. Send the request with one of them."""
+
+    code = "METHOD_NOT_ALLOWED"
+    method: str
+    path: str
+    allowed: list[str]
+
+    def __init__(self, method: str, path: str, allowed: list[str]) -> None:
+        super().__init__(f"{method} is not allowed on {path!r} (allowed: "
+                         f"{', '.join(allowed) or 'none'})", method=method, path=path,
+                         allowed=allowed)
+
+
 class UnsupportedVersion(ProtocolError):
     """The peer speaks another protocol version. `supported` is the one this side speaks;
     upgrade the older side."""

@@ -138,9 +138,7 @@ class BrokerConnection:
         the request's long-poll wait. Raises as `request` does."""
         base = self.request_timeout_s if timeout_s is None else timeout_s
         frame = await self._call(request, base + request.max_wait_ms / 1000)
-        response = m.decode_response(frame)
-        assert isinstance(response, m.FetchResponse)
-        return response, frame.payload
+        return m.expect_response(m.decode_response(frame), m.FetchResponse), frame.payload
 
     async def _call(self, request: m.Request, timeout_s: float | None) -> frames.Frame:
         timeout = self.request_timeout_s if timeout_s is None else timeout_s

@@ -27,8 +27,10 @@ import itertools
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
 from nats.errors import MaxPayloadError
 
 from jetstream.errors import (
@@ -69,17 +71,23 @@ class _Batch:
     wake_at: int = -1
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def settle(self, index: int, ack: Ack | None, error: JetstreamError | None) -> None:
+    def settle(self, index: int, outcome: Ack | JetstreamError) -> None:
         # Called once per message: its waiter is removed from the dict first.
         self.outstanding -= 1
-        if error is not None:
+        if isinstance(outcome, JetstreamError):
             if self.error is None:
-                self.error, self.error_index = error, index
+                self.error, self.error_index = outcome, index
             self.wake.set()
             return
-        self.acks[index] = ack
+        self.acks[index] = outcome
         if self.outstanding <= self.wake_at:
             self.wake.set()
+
+    def all_acks(self) -> list[Ack]:
+        """The acks in publish order, once every message is acked."""
+        acks = [ack for ack in self.acks if ack is not None]
+        assert len(acks) == len(self.acks), "a batch settled without errors has every ack"
+        return acks
 
 
 _Waiter = asyncio.Future[Ack] | tuple[_Batch, int]
@@ -88,13 +96,13 @@ _Waiter = asyncio.Future[Ack] | tuple[_Batch, int]
 class Publisher:
     """The NATS half of a client: publishes envelopes and resolves their acks."""
 
-    def __init__(self, nc: Any) -> None:
+    def __init__(self, nc: NatsClient) -> None:
         self._nc = nc
         self.inbox_prefix: str = nc.new_inbox()
         self._ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
         self._waiters: dict[str, _Waiter] = {}
-        self._sub: Any = None
+        self._sub: NatsSubscription | None = None
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(
@@ -107,7 +115,7 @@ class Publisher:
         waiters, self._waiters = self._waiters, {}
         closed = BrokerUnavailable(self._nats_address(), "the client was closed")
         for waiter in waiters.values():
-            _settle(waiter, None, closed)
+            _settle(waiter, closed)
         try:
             await self._nc.drain()
         except Exception:  # already closed or disconnected: nothing left to flush
@@ -181,7 +189,7 @@ class Publisher:
             batch.error.add_note(f"message {batch.error_index} of the batch, on subject "
                                  f"{batch.subjects[batch.error_index]!r}")
             raise batch.error
-        return batch.acks  # type: ignore[return-value]  # every slot is set when none failed
+        return batch.all_acks()
 
     async def _wait(self, batch: _Batch, outstanding: int, timeout_s: float) -> None:
         """Until at most `outstanding` messages of the batch wait for acks, or one failed.
@@ -206,12 +214,12 @@ class Publisher:
 
     # -- acks ---------------------------------------------------------------------------------
 
-    async def _on_message(self, msg: Any) -> None:
+    async def _on_message(self, msg: Msg) -> None:
         data = msg.data
         if not data:
             if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
                 subject = msg.headers.get("Nats-Subject") or "?"
-                self._settle(msg.subject.rpartition(".")[2], None, NoStreamForSubject(subject))
+                self._settle(msg.subject.rpartition(".")[2], NoStreamForSubject(subject))
             return
         try:
             result = parse_ack(data)
@@ -220,34 +228,34 @@ class Publisher:
             return
         if isinstance(result, ErrorAck):
             if result.correlation_id is not None:
-                self._settle(result.correlation_id, None, result.error)
+                self._settle(result.correlation_id, result.error)
             return
         waiters = self._waiters
         for ack in result:
             waiter = waiters.pop(ack.correlation_id, None) if ack.correlation_id else None
             if waiter is not None:
-                _settle(waiter, ack, None)
+                _settle(waiter, ack)
 
-    def _settle(self, correlation_id: str, ack: Ack | None,
-                error: JetstreamError | None) -> None:
+    def _settle(self, correlation_id: str, outcome: Ack | JetstreamError) -> None:
         waiter = self._waiters.pop(correlation_id, None)
         if waiter is not None:
-            _settle(waiter, ack, error)
+            _settle(waiter, outcome)
 
     def _nats_address(self) -> str:
         url = getattr(self._nc, "connected_url", None)
         return url.netloc if url is not None else "nats"
 
 
-def _settle(waiter: _Waiter, ack: Ack | None, error: JetstreamError | None) -> None:
+def _settle(waiter: _Waiter, outcome: Ack | JetstreamError) -> None:
+    """Hand a message's ack, or the error it failed with, to whoever waits for it."""
     if isinstance(waiter, tuple):
         batch, index = waiter
-        batch.settle(index, ack, error)
+        batch.settle(index, outcome)
     elif not waiter.done():
-        if error is not None:
-            waiter.set_exception(error)
+        if isinstance(outcome, JetstreamError):
+            waiter.set_exception(outcome)
         else:
-            waiter.set_result(ack)  # type: ignore[arg-type]
+            waiter.set_result(outcome)
 
 
 def _no_ack(ack_policy: AckPolicy | str | None) -> bool:

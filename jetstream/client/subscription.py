@@ -4,13 +4,13 @@ Theory of operation: on first use the subscription resolves where to start (the 
 offset, the high watermark, an offset or a timestamp, through OffsetForTimestamp) and where
 to stop ("latest": the high watermark at that moment; an int; or never). Then it fetches
 batch after batch from the partition's leader (or, with `read_isr_replica`, from a replica
-of its ISR: Client.fetch). To overlap the broker's work and the network
-with the consumer's, it keeps one fetch in flight: as soon as a fetch returns, the next one
-(from its `next_offset`) is started, and only then are the messages handed out. When the
+of its ISR) through Client.fetch. To overlap the broker's work and the network with the
+consumer's, it keeps one fetch in flight: as soon as a fetch returns, the next one (from
+its `next_offset`) is started, and only then are the messages handed out. When the
 consumer has caught up, that fetch is a long poll (`max_wait_ms`) which returns as soon as
-something is committed: `tail -f`. Each fetch runs through the client's `_with_leader`, so
-NOT_LEADER and lost connections refresh the metadata and retry at the leader with backoff;
-when the attempts run out, iterating raises the error.
+something is committed: `tail -f`. The client's fetch refreshes the metadata and retries at
+the leader with backoff after NOT_LEADER and lost connections; when its attempts run out,
+iterating raises the error.
 
 The positions are read when the subscription is started: by `await client.subscribe(...)`,
 `async with client.subscribe(...)`, or else at the first iteration. `next_batch()` is the
@@ -18,31 +18,44 @@ batch-level interface (the sync facade uses it); `async for` hands out one messa
 from the current batch. A subscription holds a task only while a fetch is in flight;
 `close()` (or leaving `async with`) cancels it, and the client closes its subscriptions when
 it closes.
+
+A subscription needs of the client only the two reads it makes (`PartitionReader`), so it
+does not depend on the client's module, and it can be driven by a stand-in in tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Generator
+from typing import Any, Literal, Protocol
 
 from jetstream.client.types import FetchResult, Message, Start
 from jetstream.errors import ProtocolError
 from jetstream.protocol import messages as m
 
-if TYPE_CHECKING:
-    from jetstream.client.client import Client
-
 StopAt = Literal["latest"] | int | None
+
+
+class PartitionReader(Protocol):
+    """What a subscription calls: Client.fetch and Client.offset_for_timestamp."""
+
+    async def fetch(self, stream: str, partition: int, offset: int, *, max_bytes: int,
+                    max_wait_ms: int, read_isr_replica: bool) -> FetchResult: ...
+
+    async def offset_for_timestamp(self, stream: str, partition: int,
+                                   timestamp_ms: int) -> int: ...
 
 
 class Subscription:
     """Iterate with `async for message in subscription`; see Client.subscribe."""
 
-    def __init__(self, client: Client, stream: str, partition: int, *, start: Start,
+    def __init__(self, reader: PartitionReader, stream: str, partition: int, *, start: Start,
                  offset: int | None, timestamp_ms: int | None, stop: StopAt, max_bytes: int,
-                 max_wait_ms: int, read_isr_replica: bool = False) -> None:
+                 max_wait_ms: int, read_isr_replica: bool = False,
+                 on_close: Callable[[Subscription], None] | None = None) -> None:
+        """`on_close` is called with the subscription when it closes (the client forgets
+        it)."""
         _check_start(start, offset, timestamp_ms)
         if not (stop is None or stop == "latest"
                 or (isinstance(stop, int) and not isinstance(stop, bool) and stop >= 0)):
@@ -50,7 +63,8 @@ class Subscription:
                                 field="stop")
         # Checks max_bytes and max_wait_ms now rather than at the first fetch.
         m.FetchRequest(stream, partition, 0, max_bytes, max_wait_ms)
-        self._client = client
+        self._reader = reader
+        self._on_close = on_close
         self.stream = stream
         self.partition = partition
         self._start = start
@@ -130,7 +144,8 @@ class Subscription:
     async def close(self) -> None:
         """Stop: cancel the fetch in flight. Iterating afterwards ends at once."""
         self._done = True
-        self._client._forget_subscription(self)
+        if self._on_close is not None:
+            self._on_close(self)
         task, self._inflight = self._inflight, None
         if task is not None and not task.done():
             task.cancel()
@@ -140,7 +155,7 @@ class Subscription:
 
     def _prefetch(self) -> None:
         assert self.position is not None
-        self._inflight = asyncio.ensure_future(self._client.fetch(
+        self._inflight = asyncio.ensure_future(self._reader.fetch(
             self.stream, self.partition, self.position, max_bytes=self._max_bytes,
             max_wait_ms=self._max_wait_ms, read_isr_replica=self._read_isr_replica))
         # A prefetch nobody awaits (the consumer stopped early) must not log its failure.
@@ -167,26 +182,26 @@ class Subscription:
 
     async def _resolve(self) -> None:
         """Set `position` from the start, and `stop_offset` from the stop."""
-        client, stream, partition = self._client, self.stream, self.partition
+        reader, stream, partition = self._reader, self.stream, self.partition
         hw = -1
         if self._stop == "latest" or self._start in (Start.LATEST, Start.NEW_ONLY):
-            hw = await client.offset_for_timestamp(stream, partition, m.LATEST_TIMESTAMP)
+            hw = await reader.offset_for_timestamp(stream, partition, m.LATEST_TIMESTAMP)
         if self._start is Start.EARLIEST:
-            position = await client.offset_for_timestamp(stream, partition,
+            position = await reader.offset_for_timestamp(stream, partition,
                                                          m.EARLIEST_TIMESTAMP)
         elif self._start is Start.NEW_ONLY:
             position = hw
         elif self._start is Start.LATEST:
-            oldest = await client.offset_for_timestamp(stream, partition, m.EARLIEST_TIMESTAMP)
+            oldest = await reader.offset_for_timestamp(stream, partition, m.EARLIEST_TIMESTAMP)
             position = hw - 1 if hw > oldest else hw
         elif self._start is Start.OFFSET:
             assert self._start_offset is not None
             position = self._start_offset
         else:
             assert self._timestamp_ms is not None
-            position = await client.offset_for_timestamp(stream, partition, self._timestamp_ms)
+            position = await reader.offset_for_timestamp(stream, partition, self._timestamp_ms)
             if position < 0:
-                position = await client.offset_for_timestamp(stream, partition,
+                position = await reader.offset_for_timestamp(stream, partition,
                                                              m.LATEST_TIMESTAMP)
         if self._stop == "latest":
             self.stop_offset = hw

@@ -26,8 +26,9 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from jetstream.client.client import Client
+from jetstream.client.client import METADATA_MAX_AGE_S, Client
 from jetstream.client.client import connect as connect_async
+from jetstream.client.connection import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, REQUESTS_MAX
 from jetstream.client.subscription import Subscription
 from jetstream.client.types import BrokerInfo, Message
 
@@ -48,6 +49,21 @@ def _blocking(method: Callable[Concatenate[Client, _P], Awaitable[_T]]
         return self._run(run())
 
     functools.update_wrapper(call, method)  # name, docstring and signature of the original
+    return call
+
+
+def _subscribing(method: Callable[Concatenate[Client, _P], Subscription]
+                 ) -> Callable[Concatenate[SyncClient, _P], SyncSubscription]:
+    """A SyncClient method that makes the Subscription `method` makes, started on the
+    client's loop, and iterates it from the calling thread."""
+
+    def call(self: SyncClient, /, *args: _P.args, **kwargs: _P.kwargs) -> SyncSubscription:
+        async def make() -> Subscription:
+            return await method(self._client, *args, **kwargs)
+
+        return SyncSubscription(self, self._run(make()))
+
+    functools.update_wrapper(call, method)
     return call
 
 
@@ -118,13 +134,7 @@ class SyncClient:
     publish_batch = _blocking(Client.publish_batch)
     fetch = _blocking(Client.fetch)
     offset_for_timestamp = _blocking(Client.offset_for_timestamp)
-
-    @functools.wraps(Client.subscribe)
-    def subscribe(self, *args: Any, **kwargs: Any) -> SyncSubscription:
-        async def make() -> Subscription:
-            return await self._client.subscribe(*args, **kwargs)
-
-        return SyncSubscription(self, self._run(make()))
+    subscribe = _subscribing(Client.subscribe)
 
     def close(self) -> None:
         """Close the client and stop its thread. Idempotent."""
@@ -148,7 +158,19 @@ class SyncClient:
         self.close()
 
 
-def connect(brokers: str | Sequence[str] | None = None, **options: Any) -> SyncClient:
+def connect(
+    brokers: str | Sequence[str] | None = None,
+    *,
+    nats_url: str | None = None,
+    client_id: str | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    requests_max: int = REQUESTS_MAX,
+    metadata_max_age_s: float = METADATA_MAX_AGE_S,
+) -> SyncClient:
     """A started SyncClient; takes the arguments of jetstream.client.connect. Raises
     BrokerUnavailable when no bootstrap broker answers."""
-    return SyncClient(lambda: connect_async(brokers, **options))
+    return SyncClient(lambda: connect_async(
+        brokers, nats_url=nats_url, client_id=client_id, connect_timeout_s=connect_timeout_s,
+        request_timeout_s=request_timeout_s, requests_max=requests_max,
+        metadata_max_age_s=metadata_max_age_s))

@@ -7,7 +7,7 @@ compact JSON (UTF-8, ASCII in practice) so that any NATS client in any language 
 A message that asked for `batch_ack` is acked together with the other such messages of the
 same append that share its ack inbox: one NATS message instead of one per record. When an
 append fails, the same destinations get an error ack carrying the error's code, message and
-data fields; `decode_ack` raises it as the JetstreamError of that code (messages.py), and
+data fields; `decode_ack` raises it as the JetstreamError of that code (wire_errors.py), and
 `parse_ack` returns it with the stream, partition and correlation id it concerns.
 
     single  {"stream": s, "partition": p, "offset": n, "subject": subj,
@@ -29,13 +29,9 @@ from typing import Any, NoReturn
 from jetstream.errors import JetstreamError, ProtocolError
 from jetstream.protocol import names
 from jetstream.protocol.envelope import CORRELATION_ID_CHARS_MAX, AckPolicy
+from jetstream.protocol.fields import OFFSET_MAX, PARTITION_MAX
 from jetstream.protocol.frames import MiB
-from jetstream.protocol.messages import (
-    OFFSET_MAX,
-    PARTITION_MAX,
-    error_from_header,
-    error_header,
-)
+from jetstream.protocol.wire_errors import error_from_header, error_header
 
 #: Most acks in one batch ack: a broker splits a larger batch into several.
 ACK_ENTRIES_MAX = 1000

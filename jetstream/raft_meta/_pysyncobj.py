@@ -25,7 +25,7 @@ socket.inet_ntop = _inet_ntop
 
 
 
-class RoutedNode(TCPNode):  # type: ignore[misc]
+class RoutedNode(TCPNode):
     """A partner whose identity is `address` but which is reached at `dial` ("host:port")."""
 
     def __init__(self, address: str, dial: str) -> None:

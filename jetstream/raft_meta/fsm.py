@@ -215,8 +215,8 @@ def place_partitions(config: StreamConfig, brokers: Mapping[int, BrokerInfo],
                      existing: Any, *, created_version: int = 0) -> list[PartitionState]:
     """Replicas go to the brokers holding the fewest replicas, leaders to the brokers leading
     the fewest partitions; ties break by broker id, so placement is deterministic."""
-    replica_load = {b: 0 for b in brokers}
-    leader_load = {b: 0 for b in brokers}
+    replica_load = dict.fromkeys(brokers, 0)
+    leader_load = dict.fromkeys(brokers, 0)
     for state in existing:
         for r in state.replicas:
             if r in replica_load:

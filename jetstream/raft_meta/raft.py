@@ -265,7 +265,7 @@ _DUPLICATE = object()  # outcome of a proposal id that was applied before
 Applied = Callable[[str, Command | None, Any, MetadataState | None], None]
 
 
-class _ReplicatedMetadata(SyncObjConsumer):  # type: ignore[misc]
+class _ReplicatedMetadata(SyncObjConsumer):
     """The state machine as pysyncobj sees it. Every method runs on pysyncobj's thread."""
 
     def __init__(self, on_applied: Applied, on_restored: Callable[[MetadataState], None]) -> None:
@@ -277,7 +277,7 @@ class _ReplicatedMetadata(SyncObjConsumer):  # type: ignore[misc]
         self._recent: deque[str] = deque()
         self._recent_ids: set[str] = set()
 
-    @replicated  # type: ignore[untyped-decorator]
+    @replicated
     def apply(self, proposal_id: str, encoded: dict[str, Any]) -> Any:
         """Apply one committed proposal. Never raises: every broker must record the same
         outcome, and an exception here would make pysyncobj retry the entry forever."""

@@ -171,6 +171,12 @@ class Cluster:
             if self._controller is not None:
                 self._controller.retry(decision.stream, decision.partition)
 
+    async def on_report_request(self, request: m.ReportLeaderFailureRequest
+                                ) -> m.EmptyResponse:
+        """The socket API's handler of REPORT_LEADER_FAILURE."""
+        self.on_report(request)
+        return m.EmptyResponse()
+
     def on_report(self, request: m.ReportLeaderFailureRequest) -> None:
         if self.metadata.is_leader:
             self._controller_now().on_report(request.stream, request.partition,

@@ -177,7 +177,8 @@ def _known(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     return dict(values)
 
 
-def _parse_env(name: str, raw: str, type_name: Any) -> Any:
+def _parse_env(name: str, raw: str, type_name: object) -> int | str:
+    """An environment value as its field's type (`type_name`: the annotation, a string)."""
     if type_name == "int":
         try:
             return int(raw)

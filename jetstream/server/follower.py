@@ -45,7 +45,8 @@ from jetstream.server.config import BrokerConfig
 from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.epoch import EpochEndOffset
-from jetstream.stream.log import FileSlice, Log
+from jetstream.stream.file_slice import FileSlice
+from jetstream.stream.log import Log
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

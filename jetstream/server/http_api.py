@@ -1,9 +1,19 @@
 """The broker's HTTP API (FastAPI, served by uvicorn inside the broker's event loop).
 
 Stream CRUD, health, cluster view, Prometheus metrics, and reading and appending messages.
-Every handler calls the same broker methods as the socket API, so both behave alike; errors
-carry the same stable codes, in `{"error": {"code", "message", ...}}` with an HTTP status
-that fits the code. OpenAPI docs are served at /docs.
+The routes call the broker only through `HttpServices` (jetstream.server.api; the broker
+passes its stream admin), the same services the socket API's handlers use, so both behave
+alike. OpenAPI docs are served at /docs, the document at /openapi.json.
+
+Errors: every error answer, whatever raised it, has one body, `{"error": {"code", "message",
+...}}` (the `ErrorResponse` model, declared in every route's responses), with the stable
+code of the error tree and an HTTP status that fits the code (`_STATUS`):
+- a JetstreamError keeps its code and data fields (UNKNOWN_STREAM -> 404, ...);
+- a request FastAPI cannot validate (a query or path parameter of the wrong type or out of
+  range, a body that is not a JSON object) is BAD_REQUEST, 400, with `field` naming the
+  first parameter at fault (`messages[0].value` style) and every problem in the message;
+- an unknown path is UNKNOWN_ROUTE (404), a method the route does not take
+  METHOD_NOT_ALLOWED (405, with the Allow header); anything else INTERNAL (500).
 
 Message bodies are JSON: keys, values and header values are base64 (standard alphabet)
 because they are bytes. `GET .../messages?format=ndjson` streams one JSON object per line.
@@ -17,19 +27,22 @@ import binascii
 import contextlib
 import json
 import socket
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import uvicorn
 from fastapi import Body, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+from starlette.routing import Match, Route
 
-from jetstream.errors import JetstreamError, ProtocolError
+from jetstream.errors import JetstreamError, MethodNotAllowed, ProtocolError, UnknownRoute
 from jetstream.protocol.envelope import AckPolicy
+from jetstream.server.api import HttpServices
+from jetstream.server.config import BrokerConfig
 from jetstream.stream.format import Record, StoredRecord, decode_batches
-
-if TYPE_CHECKING:
-    from jetstream.server.broker import Broker
 
 #: Most messages one GET returns and one POST appends.
 READ_MESSAGES_MAX = 10_000
@@ -41,6 +54,8 @@ START_TIMEOUT_S = 10.0
 _STATUS = {
     "UNKNOWN_STREAM": 404,
     "UNKNOWN_PARTITION": 404,
+    "UNKNOWN_ROUTE": 404,
+    "METHOD_NOT_ALLOWED": 405,
     "BAD_REQUEST": 400,
     "INVALID_CONFIG": 400,
     "INVALID_STREAM_CONFIG": 400,
@@ -50,12 +65,104 @@ _STATUS = {
     "OFFSET_OUT_OF_RANGE": 416,
     "NOT_LEADER": 503,
     "NOT_ENOUGH_REPLICAS": 503,
+    "METADATA_UNAVAILABLE": 503,
     "DISK_FULL": 507,
 }
 
 
-def error_response(exc: JetstreamError) -> JSONResponse:
-    return JSONResponse({"error": exc.to_dict()}, status_code=_STATUS.get(exc.code, 500))
+class ErrorDetail(BaseModel):
+    """An error: its stable code, a message for people, and the error's data fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str = Field(description="Stable error code (jetstream.errors), e.g. UNKNOWN_STREAM.",
+                      examples=["BAD_REQUEST"])
+    message: str = Field(description="What went wrong, for people.")
+    field: str | None = Field(None, description="The request field at fault, when there is "
+                              "one (`messages[0].value` for a nested one).",
+                              examples=["offset"])
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer of the HTTP API."""
+
+    error: ErrorDetail
+
+
+_DESCRIPTIONS = {
+    400: "Bad request (BAD_REQUEST, INVALID_STREAM_CONFIG)",
+    404: "Unknown stream, partition or route",
+    409: "The stream exists with another config (STREAM_EXISTS)",
+    413: "A message or batch too large",
+    416: "Offset out of range (OFFSET_OUT_OF_RANGE)",
+    503: "Not the leader, not enough replicas, or metadata unavailable: retry",
+    507: "Disk full (DISK_FULL)",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's error answers for the OpenAPI document: the statuses it may answer and, as
+    `default`, any other (an internal error). All have the ErrorResponse body."""
+    out: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]}
+        for status in statuses}
+    out["default"] = {"model": ErrorResponse, "description": "Any other error (INTERNAL)"}
+    return out
+
+
+def error_response(exc: JetstreamError, headers: Mapping[str, str] | None = None
+                   ) -> JSONResponse:
+    return JSONResponse({"error": exc.to_dict()}, status_code=_STATUS.get(exc.code, 500),
+                        headers=headers)
+
+
+_PARAMETER_PLACES = ("body", "query", "path", "header", "cookie")
+
+
+def field_of(loc: Sequence[int | str], error_type: str = "") -> str:
+    """A validation error's location as a field name: ("query", "offset") -> "offset",
+    ("body", "messages", 0, "value") -> "messages[0].value"; the body itself -> "body"."""
+    parts = list(loc)
+    place = str(parts.pop(0)) if parts and parts[0] in _PARAMETER_PLACES else "body"
+    if not parts or error_type == "json_invalid":  # a JSON error's loc is a char position
+        return place
+    name = ""
+    for part in parts:
+        name += f"[{part}]" if isinstance(part, int) else (f".{part}" if name else str(part))
+    return name
+
+
+def validation_error(exc: RequestValidationError) -> ProtocolError:
+    problems = [(field_of(e.get("loc", ()), e.get("type", "")), str(e.get("msg", "invalid")))
+                for e in exc.errors()]
+    if not problems:
+        return ProtocolError("invalid request", field="body")
+    message = "; ".join(f"{field}: {msg}" for field, msg in problems)
+    return ProtocolError(message, field=problems[0][0])
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of this path takes. (Starlette's 405 names only the first
+    route that matched the path; GET and POST /streams are two routes.)"""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.methods:
+            match, _scope = route.matches(request.scope)
+            if match is Match.PARTIAL:
+                methods |= route.methods
+    return sorted(methods)
+
+
+def http_error(request: Request, exc: HTTPException) -> JetstreamError:
+    """Starlette's own errors (routing) as errors of the tree."""
+    path = request.url.path
+    if exc.status_code == 404:
+        return UnknownRoute(path)
+    if exc.status_code == 405:
+        return MethodNotAllowed(request.method, path, allowed_methods(request))
+    if 400 <= exc.status_code < 500:
+        return ProtocolError(str(exc.detail))
+    return JetstreamError(str(exc.detail))
 
 
 def b64(data: bytes | None) -> str | None:
@@ -91,48 +198,68 @@ def record_from_json(item: object, i: int) -> Record:
     )
 
 
-def build_app(broker: Broker) -> FastAPI:
+def build_app(services: HttpServices) -> FastAPI:
     app = FastAPI(title="Jetstream broker", version="0.1.0",
-                  description="Streams on NATS subjects: CRUD, reads, appends, metrics.")
+                  description="Streams on NATS subjects: CRUD, reads, appends, metrics. "
+                  "Every error answer has the ErrorResponse body.")
 
     @app.exception_handler(JetstreamError)
     async def _on_error(_request: Request, exc: JetstreamError) -> JSONResponse:
         return error_response(exc)
 
-    @app.get("/health")
+    @app.exception_handler(RequestValidationError)
+    async def _on_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(exc))
+
+    @app.exception_handler(HTTPException)
+    async def _on_http(request: Request, exc: HTTPException) -> JSONResponse:
+        error = http_error(request, exc)
+        headers = dict(exc.headers or {})
+        if isinstance(error, MethodNotAllowed):
+            headers["Allow"] = ", ".join(error.allowed)
+        return error_response(error, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def _on_bug(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the exception after this answer: the body is all this adds.
+        return error_response(JetstreamError(f"internal error: {exc}"))
+
+    @app.get("/health", responses=_errors())
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "broker_id": broker.config.broker_id,
-                "streams": len(broker.metadata.state.streams)}
+        return services.health()
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> str:
-        return broker.render_metrics()
+    # response_class=Response: errors are JSON, only the 200 answer is text.
+    @app.get("/metrics", response_class=Response, responses={
+        200: {"description": "Prometheus text format",
+              "content": {"text/plain": {"schema": {"type": "string"}}}}, **_errors()})
+    async def metrics() -> Response:
+        return PlainTextResponse(services.render_metrics())
 
-    @app.get("/cluster")
+    @app.get("/cluster", responses=_errors())
     async def cluster() -> dict[str, Any]:
-        return {"brokers": broker.brokers(), **broker.metadata_status(),
-                "streams": broker.describe_streams(), "roles": broker.roles()}
+        return services.cluster_view()
 
-    @app.get("/streams")
+    @app.get("/streams", responses=_errors())
     async def list_streams() -> dict[str, Any]:
-        return {"streams": broker.describe_streams()}
+        return {"streams": services.describe_streams()}
 
-    @app.post("/streams", status_code=201)
+    @app.post("/streams", status_code=201, responses=_errors(400, 409, 503))
     async def create_stream(config: dict[str, Any] = Body(...)) -> Response:  # noqa: B008
-        created = await broker.create_stream(broker.stream_config(config))
-        return JSONResponse(broker.describe_stream(config["name"]),
+        created = await services.create_stream(services.stream_config(config))
+        return JSONResponse(services.describe_stream(config["name"]),
                             status_code=201 if created else 200)
 
-    @app.get("/streams/{name}")
+    @app.get("/streams/{name}", responses=_errors(400, 404))
     async def stream_info(name: str) -> dict[str, Any]:
-        return broker.describe_stream(name)
+        return services.describe_stream(name)
 
-    @app.delete("/streams/{name}", status_code=204)
+    @app.delete("/streams/{name}", status_code=204, responses=_errors(400, 404, 503))
     async def delete_stream(name: str) -> Response:
-        await broker.delete_stream(name)
+        await services.delete_stream(name)
         return Response(status_code=204)
 
-    @app.get("/streams/{name}/partitions/{partition}/messages")
+    @app.get("/streams/{name}/partitions/{partition}/messages",
+             responses=_errors(400, 404, 416, 503))
     async def read_messages(
         name: str, partition: int,
         offset: int = Query(0, ge=0),
@@ -140,7 +267,7 @@ def build_app(broker: Broker) -> FastAPI:
         wait_ms: int = Query(0, ge=0, le=READ_WAIT_MS_MAX),
         format: str = Query("json", pattern="^(json|ndjson)$"),
     ) -> Response:
-        leader = broker.leader_for(name, partition)
+        leader = services.leader_for(name, partition)
         records: list[StoredRecord] = []
         next_offset = offset
         with await leader.read(offset, READ_BYTES_MAX, wait_ms) as piece:
@@ -160,7 +287,8 @@ def build_app(broker: Broker) -> FastAPI:
                              "next_offset": next_offset,
                              "high_watermark": leader.high_watermark})
 
-    @app.post("/streams/{name}/partitions/{partition}/messages")
+    @app.post("/streams/{name}/partitions/{partition}/messages",
+              responses=_errors(400, 404, 413, 503, 507))
     async def append_messages(name: str, partition: int,
                               body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
         items = body.get("messages")
@@ -173,7 +301,7 @@ def build_app(broker: Broker) -> FastAPI:
         except ValueError:
             raise ProtocolError(f"ack_policy must be one of {[p.value for p in AckPolicy]}",
                                 field="ack_policy") from None
-        leader = broker.leader_for(name, partition)
+        leader = services.leader_for(name, partition)
         records = [record_from_json(item, i) for i, item in enumerate(items)]
         first, end = await leader.append_direct(records, policy)
         return {"stream": name, "partition": partition, "offsets": list(range(first, end))}
@@ -185,39 +313,40 @@ class _QuietServer(uvicorn.Server):
     """uvicorn inside the broker's loop: the broker, not uvicorn, handles signals."""
 
     @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[no-untyped-def]
+    def capture_signals(self) -> Iterator[None]:
         yield
 
 
 class HttpServer:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
+    def __init__(self, config: BrokerConfig, services: HttpServices) -> None:
+        self._config = config
+        self._services = services
         self._server: _QuietServer | None = None
-        self._task: Any = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
-        config = self._broker.config
+        config = self._config
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((config.host, config.http_port))
         sock.listen(128)
         sock.setblocking(False)
         port: int = sock.getsockname()[1]
-        uv_config = uvicorn.Config(build_app(self._broker), log_level="warning", lifespan="off",
-                                   access_log=False)
-        self._server = _QuietServer(uv_config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        uv_config = uvicorn.Config(build_app(self._services), log_level="warning",
+                                   lifespan="off", access_log=False)
+        server = self._server = _QuietServer(uv_config)
+        task = self._task = asyncio.create_task(server.serve(sockets=[sock]))
         deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
+        while not server.started:
+            if task.done():
+                task.result()
             if asyncio.get_running_loop().time() > deadline:
                 raise JetstreamError(f"HTTP API did not start within {START_TIMEOUT_S} s")
             await asyncio.sleep(0.01)
         return port
 
     async def stop(self) -> None:
-        if self._server is not None:
+        if self._server is not None and self._task is not None:
             self._server.should_exit = True
             with contextlib.suppress(Exception):
                 await self._task

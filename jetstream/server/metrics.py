@@ -59,8 +59,8 @@ def render(partitions: Iterable[tuple[str, int, PartitionMetrics, int]],
     for stream, partition, _metrics, leo in rows:
         lines.append(f'jetstream_partition_log_end_offset{{stream="{stream}",'
                      f'partition="{partition}"}} {leo}')
-    lines += ["# HELP jetstream_partition_uncommitted_records Records appended but not yet "
-              "committed (LEO - HW).", "# TYPE jetstream_partition_uncommitted_records gauge"]
+    lines += [("# HELP jetstream_partition_uncommitted_records Records appended but not yet "
+              "committed (LEO - HW)."), "# TYPE jetstream_partition_uncommitted_records gauge"]
     for stream, partition, metrics, leo in rows:
         lines.append(f'jetstream_partition_uncommitted_records{{stream="{stream}",'
                      f'partition="{partition}"}} {leo - metrics.high_watermark}')

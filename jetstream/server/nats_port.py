@@ -6,6 +6,8 @@ small acks at once. `FastNats` does it over jetstream.server.nats_ingest, a mini
 client that parses the protocol in bulk (about 3x less CPU per message than nats-py, see
 bench/nats_ingest_compare.py). `NatsPyNats` does the same over nats-py, for what the fast
 client does not speak (TLS, nkeys/creds). `connect_nats` picks the fast one when it can.
+Both report their connection `state` (connected, reconnecting, closed) for the broker's
+status answers.
 
 Messages are tuples (subject, reply, headers, data): a batch of thousands is built and read
 without an object per message.
@@ -16,18 +18,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Literal, Protocol
 
 import nats
+from nats.aio.client import Client as NatsPyClient
+from nats.aio.msg import Msg as NatsPyMsg
+from nats.aio.subscription import Subscription as NatsPySubscription
 
 from jetstream.server import nats_ingest
+from jetstream.server.nats_errors import NatsUnsupported
+from jetstream.server.nats_subscription import IngestSubscription
 from jetstream.server.nats_wire import NatsMsg, pub_commands
 
 log = logging.getLogger(__name__)
 
+#: A NATS connection's state as the broker reports it: "reconnecting" covers every moment
+#: between losing the server and getting one back (nats-py's disconnected and connecting).
+NatsState = Literal["connected", "reconnecting", "closed"]
+
 
 class Subscription(Protocol):
-    dropped: int
+    @property
+    def dropped(self) -> int:
+        """Messages NATS delivered that the subscription's buffer could not hold."""
 
     async def next_batch(self, max_msgs: int, max_bytes: int) -> list[NatsMsg]: ...
 
@@ -42,6 +55,9 @@ class NatsPort(Protocol):
 
     async def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None: ...
 
+    @property
+    def state(self) -> NatsState: ...
+
     async def close(self) -> None: ...
 
 
@@ -49,7 +65,7 @@ class NatsPort(Protocol):
 
 
 class _FastSubscription:
-    def __init__(self, sub: nats_ingest.IngestSubscription) -> None:
+    def __init__(self, sub: IngestSubscription) -> None:
         self._sub = sub
 
     @property
@@ -79,6 +95,12 @@ class FastNats:
         await self._conn.flush()
         return _FastSubscription(sub)
 
+    @property
+    def state(self) -> NatsState:
+        if self._conn.is_connected:
+            return "connected"
+        return "closed" if self._conn.is_closed else "reconnecting"
+
     async def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
         if messages:
             self._conn.publish_many(messages)
@@ -95,9 +117,9 @@ class _NatsPySubscription:
     """nats-py keeps a subscription without a callback in a bounded asyncio.Queue; reading
     it directly lets one wake-up take everything that arrived."""
 
-    def __init__(self, sub: Any) -> None:
+    def __init__(self, sub: NatsPySubscription) -> None:
         self._sub = sub
-        self._queue: asyncio.Queue[Any] = sub._pending_queue
+        self._queue: asyncio.Queue[NatsPyMsg] = sub._pending_queue
         self.dropped = 0
 
     async def next_batch(self, max_msgs: int, max_bytes: int) -> list[NatsMsg]:
@@ -107,7 +129,7 @@ class _NatsPySubscription:
     def take_batch(self, max_msgs: int, max_bytes: int) -> list[NatsMsg]:
         return self._drain([], max_msgs, max_bytes)
 
-    def _drain(self, msgs: list[Any], max_msgs: int, max_bytes: int) -> list[NatsMsg]:
+    def _drain(self, msgs: list[NatsPyMsg], max_msgs: int, max_bytes: int) -> list[NatsMsg]:
         size = sum(len(m.data) for m in msgs)
         while len(msgs) < max_msgs and size < max_bytes:
             try:
@@ -125,8 +147,14 @@ class _NatsPySubscription:
 
 
 class NatsPyNats:
-    def __init__(self, nc: Any) -> None:
+    def __init__(self, nc: NatsPyClient) -> None:
         self._nc = nc
+
+    @property
+    def state(self) -> NatsState:
+        if self._nc.is_connected:
+            return "connected"
+        return "closed" if self._nc.is_closed else "reconnecting"
 
     async def subscribe(self, subject: str, queue: str | None, pending_msgs_max: int,
                         pending_bytes_max: int) -> Subscription:
@@ -163,7 +191,7 @@ async def connect_nats(urls: list[str], name: str) -> NatsPort:
     """The fast client when every URL is one it speaks, else nats-py."""
     try:
         return FastNats(await nats_ingest.connect(urls, name=name))
-    except nats_ingest.NatsUnsupported as exc:
+    except NatsUnsupported as exc:
         log.info("NATS at %s needs nats-py (%s)", urls, exc)
     nc = await nats.connect(servers=urls, name=name, max_reconnect_attempts=-1,
                             reconnect_time_wait=0.5, pending_size=64 * 1024 * 1024,

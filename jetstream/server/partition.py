@@ -64,8 +64,9 @@ from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort, Subscription
 from jetstream.server.nats_wire import NatsMsg
 from jetstream.stream.config import FsyncPolicy
+from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.format import NO_HEADERS, Record
-from jetstream.stream.log import FileSlice, Log
+from jetstream.stream.log import Log
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

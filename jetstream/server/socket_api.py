@@ -12,6 +12,9 @@ The first frame must be HELLO with a version this broker speaks. A malformed fra
 error frame and the connection is closed (the byte stream cannot be resynchronised); a bad
 request inside a well-formed frame gets an error frame and the connection carries on. No
 input can raise out of a connection handler: every failure is answered or logged.
+
+The socket API knows nothing of the broker: it is given its settings, its counters and a
+RequestHandler (jetstream.server.api: the broker's dispatch table) that answers each request.
 """
 
 from __future__ import annotations
@@ -20,16 +23,15 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from jetstream.errors import JetstreamError, ProtocolError
 from jetstream.protocol import frames
 from jetstream.protocol import messages as m
-from jetstream.stream.log import FileSlice
+from jetstream.server.api import RequestHandler, Result
+from jetstream.server.config import BrokerConfig
+from jetstream.server.metrics import BrokerMetrics
+from jetstream.stream.file_slice import FileSlice
 from jetstream.tasks import cancel_and_wait
-
-if TYPE_CHECKING:
-    from jetstream.server.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +47,11 @@ class Answer:
 
 
 class SocketApi:
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
-        self._config = broker.config
+    def __init__(self, config: BrokerConfig, metrics: BrokerMetrics,
+                 handler: RequestHandler) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._handler = handler
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
@@ -70,7 +74,7 @@ class SocketApi:
                              writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        metrics = self._broker.metrics
+        metrics = self._metrics
         if len(self._connections) >= self._config.connections_max:
             writer.write(m.encode_error(0, frames.Op.HELLO, JetstreamError(
                 f"too many connections (limit {self._config.connections_max})")))
@@ -82,7 +86,7 @@ class SocketApi:
         metrics.connections_total += 1
         metrics.connections_open += 1
         try:
-            await Connection(self._broker, reader, writer).run()
+            await Connection(self._config, self._metrics, self._handler, reader, writer).run()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -100,10 +104,11 @@ class SocketApi:
 
 
 class Connection:
-    def __init__(self, broker: Broker, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
-        self._broker = broker
-        self._config = broker.config
+    def __init__(self, config: BrokerConfig, metrics: BrokerMetrics, handler: RequestHandler,
+                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._handler = handler
         self._reader = reader
         self._writer = writer
         self._decoder = frames.FrameDecoder(frame_bytes_max=self._config.request_bytes_max)
@@ -172,13 +177,13 @@ class Connection:
             task.add_done_callback(self._requests.discard)
 
     async def _serve(self, frame: frames.Frame) -> None:
-        metrics = self._broker.metrics
+        metrics = self._metrics
         metrics.requests_total += 1
         try:
             request = m.decode_request(frame)
             # Encoding is inside the try: an answer too large for a frame header (Metadata of
             # hundreds of streams) must become an error frame, not a request left unanswered.
-            answer = self._encode(frame, await self._broker.handle(request))
+            answer = self._encode(frame, await self._handler.handle(request))
         except JetstreamError as exc:
             metrics.request_errors_total += 1
             answer = Answer(m.encode_error(frame.correlation_id, frame.op, exc))
@@ -192,7 +197,7 @@ class Connection:
         await self._answers.put(answer)
 
     @staticmethod
-    def _encode(frame: frames.Frame, result: Any) -> Answer:
+    def _encode(frame: frames.Frame, result: Result) -> Answer:
         if isinstance(result, tuple):  # (FetchResponse, FileSlice)
             response, piece = result
             data = m.encode_response(frame.correlation_id, frames.Op(frame.op), response,
@@ -211,7 +216,9 @@ class Connection:
                 writer.write(answer.data)
                 if answer.piece is not None:
                     await writer.drain()
-                    with open(answer.piece.fd, "rb", buffering=0, closefd=False) as f:
+                    # Wraps an open descriptor for sendfile: no file is opened, nothing blocks.
+                    with open(answer.piece.fd, "rb", buffering=0,  # noqa: ASYNC230
+                              closefd=False) as f:
                         sent = await loop.sendfile(writer.transport, f, answer.piece.position,
                                                    answer.piece.length)
                     if sent != answer.piece.length:

@@ -9,23 +9,23 @@ Theory of operation
   concurrent appenders share fsyncs (group commit: `sync_through` runs one fsync at a time and
   every append that landed before it started is covered by it).
 - The recovery point (a checkpoint) is an offset below which every byte was fsynced and
-  checked. Opening the log trusts sealed segments below it (their index files are checked
-  against the log) and scans everything from it on, checking each batch's CRC and cutting the
-  file after the last valid batch; a gap then drops every later segment, so offsets stay dense.
+  checked; opening the log trusts what lies below it and scans the rest
+  (jetstream.stream.recovery).
 - Reads never pass an upper bound given by the caller (the high watermark) and return whole
-  batches, as byte ranges of a segment file for `os.sendfile` or as decoded records.
-- Retention deletes whole sealed segments, oldest first, by age, size and record count; the
-  log start offset moves forward and reads below it get `OffsetOutOfRange`.
+  batches, as byte ranges of a segment file for `os.sendfile` (jetstream.stream.file_slice)
+  or as decoded records.
+- Retention (jetstream.stream.retention decides) deletes whole sealed segments, oldest first;
+  the log start offset moves forward and reads below it get `OffsetOutOfRange`.
 - A leader epoch cache (jetstream.stream.epoch) and a high watermark checkpoint live beside
   the segments.
 
 No asyncio and no network here: the broker calls these methods from its event loop (cheap
-calls) or from a thread (fsync). One lock guards the segment list; fsync runs outside it.
+calls) or from a thread (fsync). One lock guards the segment list
+(jetstream.stream.segment_list); fsync runs outside it.
 """
 
 from __future__ import annotations
 
-import bisect
 import fcntl
 import os
 import shutil
@@ -46,14 +46,16 @@ from jetstream.errors import (
     StaleLeaderEpoch,
     StorageError,
 )
-from jetstream.stream import checkpoint
+from jetstream.stream import checkpoint, retention
 from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy, LogConfig
 from jetstream.stream.epoch import EpochEndOffset, LeaderEpochCache
+from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.handles import DEFAULT_POOL, HandlePool
+from jetstream.stream.recovery import Recovery, RecoveryReport, write_recovery_point
 from jetstream.stream.segment import Segment
+from jetstream.stream.segment_list import SegmentList
 
-RECOVERY_POINT_FILE = "recovery-point-checkpoint"
 HIGH_WATERMARK_FILE = "high-watermark-checkpoint"
 LOCK_FILE = ".lock"
 _U32_MAX = 0xFFFFFFFF
@@ -87,41 +89,6 @@ class AppendInfo:
     size_bytes: int
 
 
-@dataclass(slots=True)
-class FileSlice:
-    """Whole batches of one segment file: `length` bytes at `position` of `fd`.
-
-    The caller owns `fd` (a duplicate) and must `close()` it; it stays valid even if the
-    segment is deleted meanwhile. `next_offset` is where the following read starts."""
-
-    fd: int
-    position: int
-    length: int
-    first_offset: int
-    next_offset: int
-
-    def read(self) -> bytes:
-        return os.pread(self.fd, self.length, self.position) if self.length else b""
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def __enter__(self) -> FileSlice:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryReport:
-    scanned_segments: int
-    truncated_bytes: int
-    dropped_segments: int
-
-
 class Log:
     def __init__(
         self,
@@ -150,124 +117,18 @@ class Log:
             os.close(self._lock_fd)
             raise StorageError(f"log {self.directory} is open in another process") from None
         try:
-            self._segments: list[Segment] = []
-            self._bases: list[int] = []
+            self._segments = SegmentList()
             self.epochs = LeaderEpochCache(self.directory)
-            self.recovery = self._open()
+            self.recovery: RecoveryReport = Recovery(
+                self.directory, self.config, self._pool, self.epochs, self._segments).run()
             self._durable_offset = self.log_end_offset
             self._last_sync_ms = self._clock()
         except BaseException:
             self._release_lock()
             raise
 
-    # -- opening and recovery ------------------------------------------------------------------
-
-    def _open(self) -> RecoveryReport:
-        for tmp in self.directory.glob("*.tmp"):
-            tmp.unlink()
-        # Only names this module writes (`%020d.log`); anything else is not ours to read.
-        bases = sorted(int(p.name[:20]) for p in self.directory.glob("*.log")
-                       if len(p.name) == 24 and p.name[:20].isdigit())
-        for suffix in (".index", ".timeindex"):
-            for stale in self.directory.glob("*" + suffix):
-                stem = stale.name[:-len(suffix)]
-                if len(stem) == 20 and stem.isdigit() and int(stem) not in bases:
-                    stale.unlink()
-        recovery_point = checkpoint.read_offset(self.directory / RECOVERY_POINT_FILE,
-                                                "recovery-point")
-        rp = recovery_point if recovery_point is not None else 0
-        scanned = truncated = dropped = 0
-        for i, base in enumerate(bases):
-            segment = Segment(self.directory, base, self._pool, self.config.index_interval_bytes)
-            if self._segments and base != self._segments[-1].next_offset:
-                dropped += self._drop_files(bases[i:])
-                break
-            sealed_below_rp = i + 1 < len(bases) and bases[i + 1] <= rp
-            trusted = segment.load() and (sealed_below_rp or segment.next_offset <= rp)
-            if not trusted:
-                scanned += 1
-                cut = segment.recover()
-                truncated += cut
-                if cut and i + 1 < len(bases):
-                    self._append_segment(segment)
-                    dropped += self._drop_files(bases[i + 1:])
-                    break
-            self._append_segment(segment)
-        if not self._segments:
-            start = recovery_point or 0
-            self._append_segment(Segment.create(self.directory, start, self._pool,
-                                                self.config.index_interval_bytes))
-        rescanned, cut, gone = self._check_epoch_cache()
-        scanned, truncated, dropped = scanned + rescanned, truncated + cut, dropped + gone
-        if scanned or dropped or recovery_point != self.log_end_offset:
-            # Make what recovery kept durable, so the next open can trust it.
-            for segment in self._segments:
-                segment.seal(fsync=True)
-            checkpoint.fsync_dir(self.directory)
-            self._write_recovery_point(self.log_end_offset)
-        return RecoveryReport(scanned, truncated, dropped)
-
-    def _drop_files(self, bases: list[int]) -> int:
-        for base in bases:
-            Segment(self.directory, base, self._pool, self.config.index_interval_bytes).delete()
-        return len(bases)
-
-    def _append_segment(self, segment: Segment) -> None:
-        self._segments.append(segment)
-        self._bases.append(segment.base_offset)
-
-    def _check_epoch_cache(self) -> tuple[int, int, int]:
-        """Make the epoch cache agree with the batches on disk; rebuild it if it does not.
-        Returns the (scanned, truncated bytes, dropped) segments a damaged batch cost."""
-        self.epochs.truncate_from_end(self.log_end_offset)
-        self.epochs.truncate_from_start(self.log_start_offset)
-        if self.log_end_offset == self.log_start_offset:
-            return 0, 0, 0
-        last = self._segments[-1] if self._segments[-1].size else self._segments[-2]
-        location = last.find(last.next_offset - 1)
-        assert location is not None
-        entries = self.epochs.entries
-        if entries and entries[0].start_offset == self.log_start_offset and (
-            self.epochs.latest_epoch == location.header.leader_epoch
-        ):
-            return 0, 0, 0
-        scanned = truncated = dropped = 0
-        self.epochs.clear()
-        i = 0
-        while i < len(self._segments):
-            segment = self._segments[i]
-            try:
-                self._assign_epochs_of(segment)
-            except CorruptRecord:
-                # Damage in a trusted segment, where opening did not look. Rather than fail
-                # to open (or learn an epoch from a damaged header), scan it as recovery
-                # would without a recovery point: the log ends at the damage.
-                scanned, truncated = scanned + 1, truncated + segment.recover()
-                dropped += self._drop_files(self._bases[i + 1:])
-                del self._segments[i + 1:]
-                del self._bases[i + 1:]
-                self.epochs.clear()
-                i = 0
-                continue
-            i += 1
-        return scanned, truncated, dropped
-
-    def _assign_epochs_of(self, segment: Segment) -> None:
-        """Assign the epochs of a segment's batches, each checked against its CRC."""
-        offset = segment.base_offset
-        while offset < segment.next_offset:
-            found = segment.find(offset)
-            assert found is not None
-            header = found.header
-            if not fmt.verify_crc(segment.read_at(found.position, header.size), 0, header):
-                raise CorruptRecord(f"CRC mismatch in {segment.log_path} at {found.position}",
-                                    path=str(segment.log_path), position=found.position)
-            if header.leader_epoch > self.epochs.latest_epoch:
-                self.epochs.assign(header.leader_epoch, header.base_offset)
-            offset = header.next_offset
-
     def _write_recovery_point(self, offset: int) -> None:
-        checkpoint.write_offset(self.directory / RECOVERY_POINT_FILE, "recovery-point", offset)
+        write_recovery_point(self.directory, offset)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -277,7 +138,7 @@ class Log:
 
     @property
     def log_end_offset(self) -> int:
-        return self._segments[-1].next_offset
+        return self._segments.active.next_offset
 
     @property
     def durable_offset(self) -> int:
@@ -292,7 +153,7 @@ class Log:
     @property
     def segment_base_offsets(self) -> list[int]:
         with self._lock:
-            return list(self._bases)
+            return self._segments.bases
 
     @property
     def latest_epoch(self) -> int:
@@ -343,7 +204,7 @@ class Log:
             if size > cfg.batch_bytes_max:
                 raise BatchTooLarge(size, cfg.batch_bytes_max, "bytes")
             header = fmt.parse_header(head)
-            active = self._segments[-1]
+            active = self._segments.active
             roll = _roll_due(cfg, active.size, active.first_timestamp, active.base_offset, header)
             self._append_locked((head, body), [header], roll)
             info = AppendInfo(base, header.last_offset, self.log_end_offset, size)
@@ -381,7 +242,7 @@ class Log:
             view = memoryview(data)
             # Group consecutive batches per segment, rolling before a batch exactly where the
             # leader did (the same rule on the same batches): one write per segment.
-            active = self._segments[-1]
+            active = self._segments.active
             used, first_ts, seg_base = active.size, active.first_timestamp, active.base_offset
             run_start = 0
             while run_start < len(batches):
@@ -411,17 +272,17 @@ class Log:
                        roll: bool) -> None:
         if roll:
             self._roll_locked()
-        self._segments[-1].append(data, headers)
+        self._segments.active.append(data, headers)
         for header in headers:
             if header.leader_epoch > self.epochs.latest_epoch:
                 self.epochs.assign(header.leader_epoch, header.base_offset)
 
     def _roll_locked(self) -> None:
         fsync = self.config.fsync is not FsyncPolicy.NEVER
-        self._segments[-1].seal(fsync)
+        self._segments.active.seal(fsync)
         segment = Segment.create(self.directory, self.log_end_offset, self._pool,
                                  self.config.index_interval_bytes)
-        self._append_segment(segment)
+        self._segments.append(segment)
         if fsync:
             checkpoint.fsync_dir(self.directory)
             self._write_recovery_point(segment.base_offset)
@@ -486,10 +347,6 @@ class Log:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _segment_for(self, offset: int) -> Segment:
-        i = bisect.bisect_right(self._bases, offset) - 1
-        return self._segments[max(i, 0)]
-
     def _check_range(self, offset: int, upper_bound: int | None) -> int:
         bound = self.log_end_offset if upper_bound is None else min(upper_bound,
                                                                     self.log_end_offset)
@@ -506,7 +363,7 @@ class Log:
             bound = self._check_range(offset, upper_bound)
             if offset == bound:
                 return FileSlice(-1, 0, 0, offset, offset)
-            segment = self._segment_for(offset)
+            segment = self._segments.segment_for(offset)
             position, length, first, next_offset = segment.span(offset, max(1, max_bytes), bound)
             if length == 0:
                 return FileSlice(-1, 0, 0, offset, offset)
@@ -570,17 +427,16 @@ class Log:
                 return
             if offset < self.log_start_offset:
                 raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset)
-            i = bisect.bisect_right(self._bases, offset) - 1
-            if offset == self._bases[i] and i > 0:
+            i = self._segments.index_for(offset)
+            if offset == self._segments[i].base_offset and i > 0:
                 i -= 1  # the whole segment goes; the previous one ends exactly at `offset`
             # Until the truncation is done and synced, a crash must rescan from here.
-            self._write_recovery_point(self._bases[i])
-            deleted = len(self._segments) - i - 1
-            for segment in self._segments[i + 1:]:
+            self._write_recovery_point(self._segments[i].base_offset)
+            dropped = self._segments.drop_after(i)
+            for segment in dropped:
                 segment.delete()
-            del self._segments[i + 1:]
-            del self._bases[i + 1:]
-            active = self._segments[-1]
+            deleted = len(dropped)
+            active = self._segments.active
             cut = active.truncate_to(offset)
             if cut is not None:
                 header = fmt.parse_header(cut)
@@ -608,12 +464,10 @@ class Log:
         with self._lock:
             self._check_open()
             self._write_recovery_point(0)
-            for segment in self._segments:
+            for segment in self._segments.clear():
                 segment.delete()
-            self._segments.clear()
-            self._bases.clear()
-            self._append_segment(Segment.create(self.directory, offset, self._pool,
-                                                self.config.index_interval_bytes))
+            self._segments.append(Segment.create(self.directory, offset, self._pool,
+                                                 self.config.index_interval_bytes))
             self.epochs.clear()
             checkpoint.fsync_dir(self.directory)
             self._write_recovery_point(offset)
@@ -626,35 +480,19 @@ class Log:
         """Delete sealed segments that retention no longer keeps, oldest first; never the
         active segment, never one holding offsets at or past `max_offset` (the HW).
         Returns the base offsets deleted."""
-        cfg = self.config
-        if cfg.retention_ms is None and cfg.retention_bytes is None and (
-            cfg.retention_messages is None
-        ):
+        if not retention.has_limits(self.config):
             return []
         with self._lock:
             self._check_open()
             now = self._clock() if now_ms is None else now_ms
             limit = self.log_end_offset if max_offset is None else max_offset
-            total_bytes = sum(s.size for s in self._segments)
+            count = retention.expired_count(list(self._segments), self.config, now,
+                                            self.log_end_offset, limit)
             deleted: list[int] = []
-            while len(self._segments) > 1:
-                oldest = self._segments[0]
-                if oldest.next_offset > limit:
-                    break
-                count = self.log_end_offset - oldest.base_offset
-                expired = (
-                    (cfg.retention_ms is not None and oldest.max_timestamp >= 0
-                     and oldest.max_timestamp < now - cfg.retention_ms)
-                    or (cfg.retention_bytes is not None and total_bytes > cfg.retention_bytes)
-                    or (cfg.retention_messages is not None and count > cfg.retention_messages)
-                )
-                if not expired:
-                    break
+            for _ in range(count):
+                oldest = self._segments.pop_oldest()
                 oldest.delete()
-                total_bytes -= oldest.size
                 deleted.append(oldest.base_offset)
-                del self._segments[0]
-                del self._bases[0]
             if deleted:
                 self.epochs.truncate_from_start(self.log_start_offset)
             return deleted
@@ -681,9 +519,10 @@ class Log:
                 return
             self._closed = True
             try:
+                active = self._segments.active
                 for segment in self._segments:
                     # Sealed segments were fsynced at roll unless the policy is NEVER.
-                    if segment is self._segments[-1] or segment.next_offset > self._durable_offset:
+                    if segment is active or segment.next_offset > self._durable_offset:
                         segment.seal(fsync=True)
                 checkpoint.fsync_dir(self.directory)
                 self._write_recovery_point(self.log_end_offset)

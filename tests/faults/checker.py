@@ -197,5 +197,5 @@ def _first_difference(partition: int, broker: int, mine: list[Record],
     for a, b in zip(mine, reference, strict=False):
         if a != b:
             return f"broker {broker} {partition}/{a[0]}: {a!r} != {b!r}"
-    return f"broker {broker} partition {partition}: {len(mine)} records below the HW, " \
-           f"the first replica has {len(reference)}"
+    return (f"broker {broker} partition {partition}: {len(mine)} records below the HW, "
+            f"the first replica has {len(reference)}")

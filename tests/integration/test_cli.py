@@ -316,12 +316,14 @@ def test_cluster_status(broker: BrokerProcess) -> None:
     jetstream(brokers, "stream", "create", "parts", "--subject", "parts", "--partitions", "2")
     jetstream(brokers, "pub", "parts", "x", "--partition", "1")
     status = json_of(brokers, "cluster", "status")
-    assert [b["address"] for b in status["brokers"]] == [broker.address]
+    assert [(b["address"], b["nats_url"], b["nats_state"]) for b in status["brokers"]] == [
+        (broker.address, broker.nats_url, "connected")]
     assert [(p["stream"], p["partition"], p["leader"], p["isr"], p["leader_epoch"],
              p["high_watermark"], p["log_end_offset"]) for p in status["partitions"]] == [
         ("parts", 0, 0, [0], 0, 0, 0), ("parts", 1, 0, [0], 0, 1, 1)]
     human = jetstream(brokers, "cluster", "status").stdout
-    assert broker.address in human
+    assert ["0", broker.address, str(broker.http_port), broker.nats_url, "connected"] in [
+        line.split() for line in human.splitlines()]
     assert ["parts", "1", "0", "0", "0", "0", "1", "1"] in [
         line.split() for line in human.splitlines()]
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import jetstream
-from jetstream.client import client as client_module
+from jetstream.client import routing as client_module
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas, NotLeader
 from jetstream.isr import highest_epochs
@@ -419,11 +419,11 @@ async def test_client_reads_from_a_chosen_isr_replica_and_falls_back_to_the_lead
     async with jetstream.connect(leader.address) as js:
         async with js.subscribe(STREAM, stop="latest", read_isr_replica=True) as sub:
             assert [msg.value async for msg in sub] == values
-        assert js._read_replicas == {(STREAM, 0): follower.broker_id}
+        assert js._router.read_replicas == {(STREAM, 0): follower.broker_id}
         assert follower.stop() == 0  # a follower: nothing to hand over
         result = await js.fetch(STREAM, 0, 0, read_isr_replica=True)  # at the leader now
         assert [msg.value for msg in result.messages] == values
-        assert js._read_replicas == {}
+        assert js._router.read_replicas == {}
 
 
 def test_cluster_status_shows_offsets_of_every_partition_and_replica(
@@ -444,6 +444,9 @@ def test_cluster_status_shows_offsets_of_every_partition_and_replica(
     views = [httpx.get(f"{b.http_url}/cluster", timeout=DEADLINE_S).json() for b in cluster]
     assert status["metadata_leader"] == views[0]["metadata_leader"]
     assert [b["id"] for b in status["brokers"]] == [0, 1, 2]
+    # Each broker's own NATS connection, though one broker was asked.
+    assert [(b["nats_url"], b["nats_state"]) for b in status["brokers"]] == [
+        (broker.nats_url, "connected") for broker in cluster]
     [row] = status["partitions"]
     assert (row["stream"], row["partition"], row["leader"], row["leader_epoch"]) == (
         STREAM, 0, leader, 0)
@@ -453,6 +456,10 @@ def test_cluster_status_shows_offsets_of_every_partition_and_replica(
 
     human = cli(brokers, "cluster", "status").stdout
     assert f"metadata leader: broker {status['metadata_leader']}" in human
+    rows = [line.split() for line in human.splitlines()]
+    for broker in cluster:
+        assert [str(broker.broker_id), broker.address, str(broker.http_port), broker.nats_url,
+                "connected"] in rows
     cells = next(line.split() for line in human.splitlines() if line.startswith(STREAM))
     assert cells[0:4] == [STREAM, "0", str(leader), "0"] and cells[-2:] == ["7", "7"]
 

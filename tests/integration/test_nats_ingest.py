@@ -17,15 +17,13 @@ import pytest
 from nats.aio.client import Client
 
 from jetstream.natsd import NatsServer, free_ports
-from jetstream.server.nats_ingest import (
-    IngestConfig,
-    IngestConnection,
-    IngestSubscription,
+from jetstream.server.nats_errors import (
     NatsConnectFailed,
     NatsConnectionClosed,
     NatsPayloadTooLarge,
-    connect,
 )
+from jetstream.server.nats_ingest import IngestConfig, IngestConnection, connect
+from jetstream.server.nats_subscription import IngestSubscription
 from jetstream.server.nats_wire import NatsMsg
 
 TIMEOUT_S = 5.0

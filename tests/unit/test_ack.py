@@ -85,8 +85,8 @@ def test_an_error_with_a_field_json_cannot_carry_is_still_sent() -> None:
 
 
 def test_an_unknown_error_code_raises_a_remote_error() -> None:
-    data = b'{"stream":"s","partition":0,"correlation_id":null,' \
-           b'"error":{"code":"SOMETHING_NEW","message":"hm"}}'
+    data = (b'{"stream":"s","partition":0,"correlation_id":null,'
+            b'"error":{"code":"SOMETHING_NEW","message":"hm"}}')
     with pytest.raises(errors.RemoteError) as caught:
         decode_ack(data)
     assert caught.value.code == "SOMETHING_NEW"

@@ -31,7 +31,8 @@ from jetstream.errors import CorruptRecord
 from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy, LogConfig
 from jetstream.stream.handles import HandlePool
-from jetstream.stream.log import RECOVERY_POINT_FILE, Log
+from jetstream.stream.log import Log
+from jetstream.stream.recovery import RECOVERY_POINT_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000

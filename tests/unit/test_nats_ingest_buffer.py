@@ -9,14 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jetstream.server.nats_ingest import (
-    IngestConnection,
-    IngestSubscription,
-    NatsConnectionClosed,
-    NatsUnsupported,
-    ServerAddress,
-    parse_url,
-)
+from jetstream.server.nats_dial import ServerAddress, parse_url
+from jetstream.server.nats_errors import NatsConnectionClosed, NatsUnsupported
+from jetstream.server.nats_ingest import IngestConnection
+from jetstream.server.nats_subscription import IngestSubscription
 from jetstream.server.nats_wire import NatsMsg
 
 
@@ -30,7 +26,7 @@ def msgs(sizes: list[int], first: int = 0) -> list[NatsMsg]:
 
 
 def deliver(sub: IngestSubscription, batch: list[NatsMsg]) -> None:
-    sub._deliver(batch, sum(len(m[3]) for m in batch))
+    sub.deliver(batch, sum(len(m[3]) for m in batch))
 
 
 def test_take_everything_when_it_fits() -> None:
@@ -128,7 +124,7 @@ async def test_next_batch_timeout_and_close() -> None:
     sub = subscription()
     assert await sub.next_batch(timeout_s=0.01) == []
     deliver(sub, msgs([1], 0))
-    sub._close(NatsConnectionClosed("closed"))
+    sub.close(NatsConnectionClosed("closed"))
     assert len(await sub.next_batch()) == 1  # what is left first
     with pytest.raises(NatsConnectionClosed):
         await sub.next_batch()

@@ -118,7 +118,21 @@ def test_every_op_has_a_request_and_a_response_type() -> None:
     for op in Op:
         if op is not Op.HELLO:
             assert m.REQUEST_TYPES[op].op is op
-            assert op in m.RESPONSE_TYPES
+            assert m.RESPONSE_TYPES[op] is m.REQUEST_TYPES[op].response_type
+
+
+def test_the_namespace_names_every_registered_message() -> None:
+    exported = {value for value in map(m.__dict__.get, m.__all__) if isinstance(value, type)}
+    assert set(m.REQUEST_TYPES.values()) <= exported
+    assert set(m.RESPONSE_TYPES.values()) <= exported
+
+
+def test_expect_response_narrows_or_rejects_the_wrong_answer() -> None:
+    response = m.OffsetForTimestampResponse(7)
+    assert m.expect_response(response, m.OffsetForTimestampResponse) is response
+    with pytest.raises(ProtocolError) as caught:
+        m.expect_response(m.EmptyResponse(), m.MetadataResponse)
+    assert "MetadataResponse" in str(caught.value) and "EmptyResponse" in str(caught.value)
 
 
 FETCH = {"stream": "orders", "partition": 0, "offset": 10, "max_bytes": 1024,

@@ -1,0 +1,119 @@
+"""The client's stream administration and cluster description calls.
+
+Theory of operation: every call here is one request at any broker (the router's `admin`):
+a broker that does not lead the metadata forwards a change to the one that does and answers
+once it is applied. Each answer also corrects the client's metadata cache, so a stream
+created here can be published to and read at once, and one deleted here is forgotten.
+`partition_status` is the exception: it asks the partition's leader, the only broker that
+knows its offsets, once and without retries (a status view should not wait out a
+failover).
+
+`StreamAdmin` is one part of `Client` (client.py): it holds no state of its own and reaches
+the cluster through the client's router.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+from jetstream.client.metadata import partition_of
+from jetstream.client.routing import Router
+from jetstream.client.types import BrokerInfo, PartitionInfo, StreamInfo
+from jetstream.errors import NotLeader, UnknownStream
+from jetstream.protocol import messages as m
+from jetstream.protocol.envelope import AckPolicy
+
+
+class StreamAdmin:
+    """Create, delete, list and describe streams; describe the cluster."""
+
+    _router: Router
+
+    @property
+    def brokers(self) -> list[BrokerInfo]:
+        """The brokers of the cluster, as of the last metadata refresh."""
+        return self._router.metadata.broker_list()
+
+    @property
+    def metadata_leader(self) -> int | None:
+        """The broker leading the metadata as of the last refresh; None when unknown."""
+        return self._router.metadata.metadata_leader
+
+    async def refresh_metadata(self) -> None:
+        """Read brokers and streams again. Raises BrokerUnavailable when no broker answers."""
+        await self._router.refresh_metadata()
+
+    async def create_stream(
+        self,
+        name: str,
+        subject: str,
+        *,
+        partitions: int = 1,
+        group: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        ack_policy: AckPolicy | str | None = None,
+        fsync: str | None = None,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        retention_messages: int | None = None,
+        max_message_bytes: int | None = None,
+        segment_bytes_max: int | None = None,
+        replication_factor: int | None = None,
+        min_isr: int | None = None,
+    ) -> StreamInfo:
+        """Create a stream reading `subject` (partition p > 0 reads `<subject>.<p>`); options
+        left None take the broker's defaults. Idempotent: creating a stream that exists with
+        the same config returns it. Raises StreamExists (another config),
+        InvalidStreamConfig (a bad name, subject or value), NotEnoughReplicas."""
+        config: dict[str, object] = {"name": name, "subject": subject, "partitions": partitions}
+        options = {"group": group, "labels": dict(labels) if labels is not None else None,
+                   "ack_policy": _option(ack_policy), "fsync": _option(fsync),
+                   "retention_ms": retention_ms, "retention_bytes": retention_bytes,
+                   "retention_messages": retention_messages,
+                   "max_message_bytes": max_message_bytes,
+                   "segment_bytes_max": segment_bytes_max,
+                   "replication_factor": replication_factor, "min_isr": min_isr}
+        config.update((k, v) for k, v in options.items() if v is not None)
+        await self._router.admin(m.CreateStreamRequest(config), m.EmptyResponse)
+        return await self.stream_info(name)
+
+    async def delete_stream(self, name: str) -> None:
+        """Delete a stream and its data. Raises UnknownStream."""
+        try:
+            await self._router.admin(m.DeleteStreamRequest(name), m.EmptyResponse)
+        finally:
+            self._router.metadata.drop_stream(name)
+
+    async def list_streams(self) -> list[StreamInfo]:
+        """Every stream, sorted by name."""
+        response = await self._router.admin(m.ListStreamsRequest(), m.ListStreamsResponse)
+        streams = [StreamInfo.from_dict(s) for s in response.streams]
+        self._router.remember_streams(streams)
+        return streams
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        """The stream `name` with its partitions (offsets included when the answering broker
+        leads them). Raises UnknownStream."""
+        return await self._router.load_stream(name)
+
+    async def partition_status(self, stream: str, partition: int) -> PartitionInfo:
+        """The partition as its leader describes it: offsets included (high watermark, log
+        start and end, and each replica's log end offset as the leader knows it). One
+        request at the leader the metadata names, not retried (a status view should not
+        wait for a failover): raises UnknownStream, UnknownPartition, NotLeader (that broker
+        does not lead it) or BrokerUnavailable."""
+        conn = await self._router.leader_connection(stream, partition)
+        response = m.expect_response(await conn.request(m.MetadataRequest([stream])),
+                                     m.MetadataResponse)
+        if not response.streams:
+            raise UnknownStream(stream)
+        found = partition_of(StreamInfo.from_dict(response.streams[0]), partition)
+        if found.log_end_offset is None:  # that broker does not lead it (any more)
+            raise NotLeader(stream, partition, found.leader)
+        return found
+
+
+def _option(value: AckPolicy | str | None) -> str | None:
+    """An option as the broker reads it: an enum's value, a str as it is."""
+    return value.value if isinstance(value, enum.Enum) else value

@@ -1,0 +1,140 @@
+"""The client's reading calls: fetch, subscribe, and the offset lookup by timestamp.
+
+Theory of operation: a read is a Fetch at the partition's leader, through the router's
+`with_leader` (NOT_LEADER and lost connections refresh the metadata and retry there with
+backoff). Its record batches are decoded and CRC-checked (jetstream.stream.format), and
+nothing at or past the high watermark the broker reported is handed out, whatever the
+broker sent. With `read_isr_replica=True` a fetch goes to a replica of the partition's ISR
+instead (the router's `read_replica`), which serves what is committed as far as it knows
+(KIP-392); on any error there the fetch is retried at the leader and another replica is
+chosen next time. `subscribe` builds a Subscription (subscription.py), which pulls batch
+after batch through `fetch` with one fetch in flight ahead of its consumer; the client
+closes the subscriptions still open when it closes.
+
+`Reading` is one part of `Client` (client.py): it owns the open subscriptions and reaches
+the brokers through the client's router.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from jetstream.client.connection import BrokerConnection
+from jetstream.client.routing import Router
+from jetstream.client.subscription import StopAt, Subscription
+from jetstream.client.types import FetchResult, Message, Start
+from jetstream.errors import CorruptRecord, JetstreamError
+from jetstream.protocol import messages as m
+from jetstream.protocol.frames import MiB
+from jetstream.stream.format import BatchFormatError, decode_batches_as
+
+FETCH_BYTES_DEFAULT = 1 * MiB
+
+
+class Reading:
+    """Read a partition's committed messages: one fetch, or a subscription."""
+
+    _router: Router
+
+    def __init__(self) -> None:
+        # Weak: a subscription its consumer dropped without closing must not be kept alive.
+        self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
+
+    async def fetch(self, stream: str, partition: int = 0, offset: int = 0, *,
+                    max_bytes: int = FETCH_BYTES_DEFAULT, max_wait_ms: int = 0,
+                    read_isr_replica: bool = False) -> FetchResult:
+        """One Fetch at the partition's leader: committed messages from `offset`, about
+        `max_bytes` of them (at least one), waiting up to `max_wait_ms` when there are none
+        yet. With `read_isr_replica`, at a replica of the ISR instead (leader or follower):
+        a follower answers only with what it knows is committed, so it may lag the leader
+        (its high watermark is the result's), and the fetch falls back to the leader when it
+        fails there. Raises UnknownStream, UnknownPartition, OffsetOutOfRange (below the log
+        start or past the log end: see its oldest/newest), CorruptRecord (a batch failed its
+        CRC), BrokerUnavailable or NotLeader when retries at the leader ran out."""
+        request = m.FetchRequest(stream, partition, offset, max_bytes, max_wait_ms,
+                                 read_replica=read_isr_replica)
+        if read_isr_replica:
+            result = await self._fetch_from_replica(stream, partition, request)
+            if result is not None:
+                return result
+        return await self._router.with_leader(stream, partition,
+                                              lambda conn: _fetch_once(conn, request))
+
+    async def _fetch_from_replica(self, stream: str, partition: int,
+                                  request: m.FetchRequest) -> FetchResult | None:
+        """`request` at the partition's chosen ISR replica; None when there is none or it
+        failed (the caller asks the leader)."""
+        router = self._router
+        replica = await router.read_replica(stream, partition)
+        if replica is None:
+            return None
+        try:
+            return await _fetch_once(await router.broker_connection(replica), request)
+        except JetstreamError as exc:
+            if router.closed:
+                raise
+            await router.forget_read_replica(stream, partition, exc)
+            return None
+
+    def subscribe(
+        self,
+        stream: str,
+        partition: int = 0,
+        *,
+        start: Start = Start.EARLIEST,
+        offset: int | None = None,
+        timestamp_ms: int | None = None,
+        stop: StopAt = None,
+        max_bytes: int = FETCH_BYTES_DEFAULT,
+        max_wait_ms: int = 1000,
+        read_isr_replica: bool = False,
+    ) -> Subscription:
+        """An async iterator of the partition's committed messages from `start` (EARLIEST,
+        LATEST, NEW_ONLY, OFFSET with `offset=`, TIMESTAMP with `timestamp_ms=`) until `stop`:
+        None follows the partition forever (long polls of `max_wait_ms`), "latest" stops
+        after the high watermark seen when it starts, an int stops before that offset.
+        Positions are read when it starts: `sub = await js.subscribe(...)`, `async with
+        js.subscribe(...) as sub`, or the first iteration. Iterating raises what `fetch`
+        raises; leaving `async with` or `close()` releases it. With `read_isr_replica`, the
+        messages are fetched from a replica of the ISR (see `fetch`); positions are still
+        read at the leader."""
+        subscription = Subscription(self, stream, partition, start=start, offset=offset,
+                                    timestamp_ms=timestamp_ms, stop=stop, max_bytes=max_bytes,
+                                    max_wait_ms=max_wait_ms, read_isr_replica=read_isr_replica,
+                                    on_close=self._subscriptions.discard)
+        self._subscriptions.add(subscription)
+        return subscription
+
+    async def offset_for_timestamp(self, stream: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset whose message has a timestamp at or after `timestamp_ms`; the high
+        watermark when no committed message is that recent. messages.EARLIEST_TIMESTAMP and
+        LATEST_TIMESTAMP ask for the log start offset and the high watermark."""
+        request = m.OffsetForTimestampRequest(stream, partition, timestamp_ms)
+
+        async def call(conn: BrokerConnection) -> int:
+            response = await conn.request(request)
+            return m.expect_response(response, m.OffsetForTimestampResponse).offset
+
+        return await self._router.with_leader(stream, partition, call)
+
+    async def _close_subscriptions(self) -> None:
+        for subscription in list(self._subscriptions):
+            await subscription.close()
+
+
+async def _fetch_once(conn: BrokerConnection, request: m.FetchRequest) -> FetchResult:
+    response, payload = await conn.fetch(request)
+    stream, partition, offset = request.stream, request.partition, request.offset
+    try:
+        messages = decode_batches_as(payload, Message, (stream, partition), min_offset=offset)
+    except BatchFormatError as exc:
+        raise CorruptRecord(f"fetch of {stream}/{partition} at {offset} from broker "
+                            f"{conn.address}: {exc}") from None
+    hw = response.high_watermark
+    if messages and messages[-1].offset >= hw:  # never hand out what is not committed
+        messages = [msg for msg in messages if msg.offset < hw]
+    next_offset = messages[-1].offset + 1 if messages else offset
+    if payload and response.next_offset > next_offset:
+        next_offset = response.next_offset  # a batch whose records below `offset` were skipped
+    return FetchResult(messages, hw, response.log_start_offset, response.log_end_offset,
+                       min(next_offset, max(hw, offset)))

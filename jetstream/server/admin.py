@@ -1,0 +1,172 @@
+"""Stream administration and the broker's description of the cluster, for both APIs.
+
+Theory of operation: creating and deleting a stream are metadata proposals (Raft in a
+cluster, a local file on one broker); after each the roles are reconciled at once, so a
+stream this broker leads is ready when the call returns. Creating is idempotent: an identical
+stream answers "existed", another config STREAM_EXISTS. In a cluster a create waits (up to
+`broker_timeout_ms`) for as many live brokers as the stream has replicas, and in a cluster
+of three or more a stream is replicated 3 times with min_isr 2 unless the request says
+otherwise.
+
+Describing is read-only and answers from this broker's metadata, adding what only a leader
+knows (high watermark, log start and end, each replica's log end offset) for the
+partitions this broker leads. Each broker describes its own NATS connection (URL and
+state) in its own entry of the broker list; a client asks each broker for its entry.
+
+`Admin` is what the HTTP API is given (it satisfies jetstream.server.api.HttpServices); its
+`on_*` methods answer the socket API's Metadata, ListStreams, CreateStream and DeleteStream
+requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jetstream.errors import UnknownStream
+from jetstream.protocol import messages as m
+from jetstream.raft_meta.fsm import CreateStream, DeleteStream
+from jetstream.raft_meta.local import LocalMetadata
+from jetstream.raft_meta.model import StreamConfig
+from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.server.cluster import Cluster
+from jetstream.server.config import BrokerConfig
+from jetstream.server.metrics import BrokerMetrics, render
+from jetstream.server.nats_port import NatsPort
+from jetstream.server.partition import PartitionLeader
+from jetstream.server.roles import Roles
+
+
+class Admin:
+    """Stream CRUD and descriptions (see the module docstring)."""
+
+    def __init__(self, config: BrokerConfig, metadata: LocalMetadata | RaftMetadata,
+                 cluster: Cluster | None, roles: Roles, metrics: BrokerMetrics,
+                 nats_url: str, nats: NatsPort) -> None:
+        self._config = config
+        self._metadata = metadata
+        self._cluster = cluster
+        self._roles = roles
+        self._metrics = metrics
+        self._nats_url = nats_url
+        self._nats = nats
+
+    @property
+    def broker_id(self) -> int:
+        return self._config.broker_id
+
+    # -- stream operations ------------------------------------------------------------------
+
+    def stream_config(self, fields: Mapping[str, Any]) -> StreamConfig:
+        """A create request's config, with the cluster's replication defaults."""
+        values = dict(fields)
+        if self._cluster is not None and self._cluster.size >= 3:
+            values.setdefault("replication_factor", 3)
+            factor = values["replication_factor"]
+            # A factor of the wrong type is left for from_dict to name in its error.
+            values.setdefault("min_isr", min(2, factor) if isinstance(factor, int) else 2)
+        return StreamConfig.from_dict(values)
+
+    async def create_stream(self, config: StreamConfig) -> bool:
+        """Create the stream; False when an identical one existed (idempotent)."""
+        live = None
+        if self._cluster is not None:
+            live = await self._cluster.wait_live(config.replication_factor)
+        result = await self._metadata.propose(CreateStream(config, live))
+        await self._roles.reconcile()
+        return not result.existed
+
+    async def delete_stream(self, name: str) -> None:
+        await self._metadata.propose(DeleteStream(name))
+        await self._roles.reconcile()
+
+    def leader_for(self, stream: str, partition: int) -> PartitionLeader:
+        return self._roles.leader_for(stream, partition)
+
+    # -- descriptions -----------------------------------------------------------------------
+
+    def describe_stream(self, name: str) -> dict[str, Any]:
+        state = self._metadata.state
+        config = state.streams.get(name)
+        if config is None:
+            raise UnknownStream(name)
+        partitions = []
+        for p in state.stream_partitions(name):
+            entry: dict[str, Any] = {
+                "partition": p.partition, "leader": p.leader, "leader_epoch": p.leader_epoch,
+                "replicas": list(p.replicas), "isr": list(p.isr),
+                "subject": config.partition_subject(p.partition)}
+            leader = self._roles.leaders.get((name, p.partition))
+            if leader is not None:
+                entry.update(high_watermark=leader.high_watermark,
+                             log_start_offset=leader.log.log_start_offset,
+                             log_end_offset=leader.log.log_end_offset,
+                             replica_end_offsets=_replica_end_offsets(leader))
+            partitions.append(entry)
+        return {**config.to_dict(), "partitions": partitions}
+
+    def describe_streams(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        streams = self._metadata.state.streams
+        wanted = sorted(streams) if names is None else [n for n in names if n in streams]
+        return [self.describe_stream(n) for n in wanted]
+
+    def brokers(self) -> list[dict[str, Any]]:
+        """Every registered broker; this one's entry adds its NATS URL and connection state
+        (only a broker knows its own)."""
+        me = self._config.broker_id
+        own = {"nats_url": self._nats_url, "nats_state": self._nats.state}
+        return [{"id": b.id, "host": b.host, "port": b.port, "http_port": b.http_port,
+                 **(own if b.id == me else {})}
+                for b in sorted(self._metadata.state.brokers.values(), key=lambda b: b.id)]
+
+    def metadata_status(self) -> dict[str, Any]:
+        """Who leads the metadata (this broker, alone), and in a cluster the Raft facts."""
+        if self._cluster is None:
+            return {"metadata_leader": self._config.broker_id}
+        status = self._cluster.metadata.status()
+        return {"metadata_leader": status["leader_broker_id"], "raft": status}
+
+    def cluster_view(self) -> dict[str, Any]:
+        return {"brokers": self.brokers(), **self.metadata_status(),
+                "streams": self.describe_streams(), "roles": self._roles.describe()}
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "broker_id": self._config.broker_id,
+                "streams": len(self._metadata.state.streams)}
+
+    def render_metrics(self) -> str:
+        leaders = self._roles.leaders
+        for leader in leaders.values():
+            leader.metrics.dropped = leader.dropped
+        rows = [(s, p, leader.metrics, leader.log.log_end_offset)
+                for (s, p), leader in sorted(leaders.items())]
+        return render(rows, self._metrics)
+
+    # -- socket API handlers ----------------------------------------------------------------
+
+    async def on_metadata(self, request: m.MetadataRequest) -> m.MetadataResponse:
+        leader = self.metadata_status()["metadata_leader"]
+        return m.MetadataResponse(self.brokers(), self.describe_streams(request.streams),
+                                  -1 if leader is None else leader)
+
+    async def on_list_streams(self, request: m.ListStreamsRequest) -> m.ListStreamsResponse:
+        return m.ListStreamsResponse(self.describe_streams())
+
+    async def on_create_stream(self, request: m.CreateStreamRequest) -> m.EmptyResponse:
+        await self.create_stream(self.stream_config(request.config))
+        return m.EmptyResponse()
+
+    async def on_delete_stream(self, request: m.DeleteStreamRequest) -> m.EmptyResponse:
+        await self.delete_stream(request.name)
+        return m.EmptyResponse()
+
+
+def _replica_end_offsets(leader: PartitionLeader) -> dict[str, int | None]:
+    """Each replica's log end offset as the leader knows it (its own LEO; a follower's from
+    its last fetch in this leader epoch, None before one). Keys are broker ids as strings
+    (msgpack and JSON maps)."""
+    isr = leader.isr
+    if isr is None:
+        return {str(leader.state.leader): leader.log.log_end_offset}
+    return {str(r): leader.log.log_end_offset if r == isr.leader_id
+            else isr.follower_state(r).log_end_offset for r in leader.state.replicas}

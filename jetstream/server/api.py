@@ -1,0 +1,103 @@
+"""What the broker's APIs may ask of the broker: one dispatch table and one narrow interface.
+
+Theory of operation: the socket API (jetstream.server.socket_api) and the HTTP API
+(jetstream.server.http_api) are transports; they know nothing of the broker module. The
+broker wires them at start-up:
+- The socket API gets a `Dispatcher`: a table from request type to the handler that answers
+  it, `{m.FetchRequest: reads.fetch, m.CreateStreamRequest: admin.create_stream, ...}`. Each
+  handler lives in the module of its concern (reads, stream admin, cluster); adding an
+  operation is a handler in its module plus one line in the broker's table. A request type
+  without a handler is answered BAD_REQUEST (an operation this broker does not serve).
+- The HTTP API gets an object that satisfies `HttpServices`: exactly the calls its routes
+  make, typed; the broker's stream admin (jetstream.server.admin) is that object.
+A handler answers a Response, or for a Fetch the response and the slice of the segment
+file its records are sent from (`FetchResult`), which the socket API sends with sendfile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeAlias, TypeVar, cast
+
+from jetstream.errors import ProtocolError
+from jetstream.protocol import messages as m
+from jetstream.raft_meta.model import StreamConfig
+from jetstream.server.partition import PartitionLeader
+from jetstream.stream.file_slice import FileSlice
+
+#: A Fetch's answer: the response, and the batches it carries as a slice of a segment file.
+FetchResult: TypeAlias = tuple[m.FetchResponse, FileSlice]
+Result: TypeAlias = m.Response | FetchResult
+Handler: TypeAlias = Callable[[m.Request], Awaitable[Result]]
+
+R = TypeVar("R", bound=m.Request)
+
+
+def on(kind: type[R], handler: Callable[[R], Awaitable[Result]]
+       ) -> tuple[type[m.Request], Handler]:
+    """One entry of a dispatch table: `handler` answers requests of type `kind`."""
+    # The cast is sound: Dispatcher looks a handler up by the exact type of the request, so
+    # `handler` is only ever called with an instance of `kind`.
+    return kind, cast(Handler, handler)
+
+
+class Dispatcher:
+    """Answers each request with the handler registered for its exact type."""
+
+    def __init__(self, table: Mapping[type[m.Request], Handler]) -> None:
+        self._table = dict(table)
+
+    @property
+    def kinds(self) -> frozenset[type[m.Request]]:
+        return frozenset(self._table)
+
+    async def handle(self, request: m.Request) -> Result:
+        handler = self._table.get(type(request))
+        if handler is None:
+            raise ProtocolError(f"{type(request).__name__} is not served by this broker "
+                                "version", field="op")
+        return await handler(request)
+
+
+class RequestHandler(Protocol):
+    """What the socket API calls for each decoded request."""
+
+    async def handle(self, request: m.Request) -> Result: ...
+
+
+class HttpServices(Protocol):
+    """Everything the HTTP API's routes call. JSON documents are `dict[str, Any]`."""
+
+    @property
+    def broker_id(self) -> int: ...
+
+    def health(self) -> dict[str, Any]:
+        """This broker's id, status and stream count."""
+        ...
+
+    def render_metrics(self) -> str:
+        """The Prometheus text of the broker's and its led partitions' counters."""
+        ...
+
+    def cluster_view(self) -> dict[str, Any]:
+        """Brokers, the metadata leader, every stream and this broker's roles."""
+        ...
+
+    def describe_streams(self) -> list[dict[str, Any]]: ...
+
+    def describe_stream(self, name: str) -> dict[str, Any]: ...
+
+    def stream_config(self, fields: Mapping[str, Any]) -> StreamConfig:
+        """A create request's config, with the cluster's defaults filled in."""
+        ...
+
+    async def create_stream(self, config: StreamConfig) -> bool:
+        """Create the stream; False when an identical one existed."""
+        ...
+
+    async def delete_stream(self, name: str) -> None: ...
+
+    def leader_for(self, stream: str, partition: int) -> PartitionLeader:
+        """This broker's leader of the partition, else UnknownStream, UnknownPartition or
+        NotLeader."""
+        ...

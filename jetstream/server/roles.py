@@ -1,0 +1,251 @@
+"""The partition roles of one broker, reconciled with the metadata.
+
+Theory of operation: `reconcile` makes the roles match the metadata, and is idempotent; the
+broker runs it after every metadata change (and the stream admin after each create and
+delete). For every partition the metadata says this broker leads it runs a PartitionLeader
+(jetstream.server.partition); in cluster mode every other partition whose replicas include
+this broker gets a PartitionFollower (jetstream.server.follower). A role whose leader,
+leader epoch or stream version changed is replaced (a deposed leader abdicates and becomes a
+follower on the same open log); an ISR change at the same epoch is passed to the leader.
+New roles are admitted through the epoch fence (jetstream.server.epoch_fence) first.
+
+Logs: each partition with a role has one open Log, kept across role changes. A log whose
+stream is gone is deleted (with its directory); one left by an earlier stream of the same
+name (deleted and created again while this broker was away) is emptied when opened: each log
+directory names its stream's `created_version`. Directories of partitions this broker holds
+no more are removed.
+
+Roles are taken only while `enabled` (from the end of start-up until stopping), and
+reconciling holds a lock, so a stop never races a reconcile half-way through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from concurrent.futures import Executor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from jetstream.errors import FencedLeaderEpoch, NotLeader, UnknownPartition, UnknownStream
+from jetstream.isr.leader import ProposeIsr
+from jetstream.raft_meta.local import LocalMetadata
+from jetstream.raft_meta.model import PartitionState, StreamConfig
+from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.server.cluster import Cluster
+from jetstream.server.config import BrokerConfig
+from jetstream.server.epoch_fence import EpochFence, PartitionKey
+from jetstream.server.follower import PartitionFollower
+from jetstream.server.metrics import PartitionMetrics
+from jetstream.server.nats_port import NatsPort
+from jetstream.server.partition import PartitionLeader, Replication
+from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.handles import HandlePool
+from jetstream.stream.log import Log
+
+log = logging.getLogger(__name__)
+
+#: In each log directory: the `created_version` of the stream the log belongs to.
+STREAM_VERSION_FILE = "stream-version"
+
+
+class Roles:
+    """The leaders, followers and open logs of this broker (see the module docstring)."""
+
+    def __init__(self, config: BrokerConfig, data_dir: Path,
+                 metadata: LocalMetadata | RaftMetadata, cluster: Cluster | None,
+                 nats: NatsPort, fence: EpochFence, executor: Executor) -> None:
+        self._config = config
+        self._data_dir = data_dir
+        self._metadata = metadata
+        self._cluster = cluster
+        self._nats = nats
+        self.fence = fence
+        self._executor = executor
+        self._pool = HandlePool(config.open_files_max)
+        self.leaders: dict[PartitionKey, PartitionLeader] = {}
+        self.followers: dict[PartitionKey, PartitionFollower] = {}
+        self._logs: dict[PartitionKey, Log] = {}
+        #: The created_version of the stream each open log belongs to.
+        self._log_versions: dict[PartitionKey, int] = {}
+        self._lock = asyncio.Lock()
+        self.enabled = False
+
+    async def enable(self) -> None:
+        """Take roles from now on, and reconcile."""
+        self.enabled = True
+        await self.reconcile()
+
+    async def disable(self) -> None:
+        """Take no more roles (waits for a reconcile under way)."""
+        async with self._lock:
+            self.enabled = False
+
+    async def reconcile(self) -> None:
+        """Start or stop partition roles to match the metadata (idempotent)."""
+        async with self._lock:
+            if not self.enabled:
+                return
+            state = self._metadata.state
+            me = self._config.broker_id
+            clustered = self._cluster is not None
+            wanted = {key: p for key, p in state.partitions.items()
+                      if p.leader == me or (clustered and me in p.replicas)}
+            await self._retire(wanted)
+            for key in list(self._logs):
+                p = wanted.get(key)
+                if p is None or p.created_version != self._log_versions[key]:
+                    log_ = self._logs.pop(key)
+                    del self._log_versions[key]
+                    if p is None and key[0] in state.streams:
+                        log_.close()
+                    else:
+                        log_.delete()  # its stream is gone (and maybe created again)
+            held = self.leaders.keys() | self.followers.keys()
+            admitted = await self.fence.admit(state.streams, wanted, held)
+            for key, partition in admitted.items():
+                if partition.leader == me:
+                    await self._start_leader(state.streams[key[0]], partition)
+                else:
+                    await self._start_follower(state.streams[key[0]], partition)
+            kept = wanted if clustered else state.partitions
+            self._delete_orphan_logs({f"{s}-{p}" for s, p in kept})
+
+    async def stop_all(self) -> None:
+        """Stop every role and close every log (the broker is stopping)."""
+        async with self._lock:
+            self.enabled = False
+            for key in list(self.leaders):
+                # In a cluster, leadership was handed over (or could not be): appending
+                # what is still buffered would only grow a suffix the next leader lacks.
+                await self._stop_leader(key, abdicate=self._cluster is not None)
+            for key in list(self.followers):
+                await self.followers.pop(key).stop()
+            for key in list(self._logs):
+                self._logs.pop(key).close()
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def leader_for(self, stream: str, partition: int) -> PartitionLeader:
+        """This broker's leader of the partition, else UnknownStream, UnknownPartition or
+        NotLeader naming the leader the metadata knows."""
+        leader = self.leaders.get((stream, partition))
+        if leader is not None:
+            return leader
+        state = self._metadata.state
+        if stream not in state.streams:
+            raise UnknownStream(stream)
+        if (stream, partition) not in state.partitions:
+            raise UnknownPartition(stream, partition)
+        p = state.partitions[(stream, partition)]
+        broker = state.brokers.get(p.leader)
+        raise NotLeader(stream, partition, p.leader, broker.address if broker else "")
+
+    def describe(self) -> list[dict[str, Any]]:
+        """What this broker does for each of its partitions: lead, follow, or nothing
+        because the metadata's epoch is below the highest it recorded ("fenced")."""
+        out: list[dict[str, Any]] = [
+            {"stream": s, "partition": p, "role": "leader", "leader_epoch": r.state.leader_epoch}
+            for (s, p), r in self.leaders.items()]
+        out += [{"stream": s, "partition": p, "role": "follower",
+                 "leader_epoch": r.state.leader_epoch} for (s, p), r in self.followers.items()]
+        for (s, p), epoch, recorded in self.fence.refused():
+            out.append({"stream": s, "partition": p, "role": "fenced", "leader_epoch": epoch,
+                        "recorded_leader_epoch": recorded})
+        return sorted(out, key=lambda r: (r["stream"], r["partition"]))
+
+    # -- starting and stopping roles --------------------------------------------------------
+
+    async def _retire(self, wanted: dict[PartitionKey, PartitionState]) -> None:
+        """Stop the roles the metadata no longer gives this broker as they are; pass ISR
+        changes on to the leaders that stay."""
+        me = self._config.broker_id
+        for key, leader in list(self.leaders.items()):
+            p = wanted.get(key)
+            if p is None or p.created_version != leader.state.created_version:
+                await self._stop_leader(key)  # deleted (and maybe created again)
+            elif p.leader != me or p.leader_epoch != leader.state.leader_epoch:
+                await self._stop_leader(key, abdicate=True)
+            elif p != leader.state:
+                leader.on_metadata(p)
+        for key, follower in list(self.followers.items()):
+            p = wanted.get(key)
+            if p is None or (p.leader, p.leader_epoch, p.created_version) != (
+                    follower.state.leader, follower.state.leader_epoch,
+                    follower.state.created_version):
+                await self.followers.pop(key).stop()
+            else:
+                follower.state = p
+
+    def _open_log(self, stream: StreamConfig, partition: PartitionState) -> Log:
+        """The partition's open log; a directory of an earlier stream of the same name is
+        emptied first: its records belong to another stream."""
+        key = (stream.name, partition.partition)
+        log_ = self._logs.get(key)
+        if log_ is None:
+            directory = self._data_dir / "logs" / f"{stream.name}-{partition.partition}"
+            marker = directory / STREAM_VERSION_FILE
+            version = str(partition.created_version).encode()
+            if directory.exists() and marker.exists() and marker.read_bytes() != version:
+                log.warning("%s/%d: data of an earlier stream of this name removed",
+                            stream.name, partition.partition)
+                shutil.rmtree(directory)
+            log_ = self._logs[key] = Log(directory, stream.log_config(), pool=self._pool)
+            self._log_versions[key] = partition.created_version
+            if not marker.exists():
+                write_atomic(marker, version)
+        return log_
+
+    async def _start_leader(self, stream: StreamConfig, partition: PartitionState) -> None:
+        leader = PartitionLeader(stream, partition, self._open_log(stream, partition),
+                                 self._nats, self._config, self._executor, PartitionMetrics(),
+                                 self._replication(partition))
+        leader.metrics.high_watermark = leader.high_watermark
+        await leader.start()
+        self.leaders[(stream.name, partition.partition)] = leader
+        log.info("leading %s/%d at epoch %d", stream.name, partition.partition,
+                 partition.leader_epoch)
+
+    def _replication(self, state: PartitionState) -> Replication | None:
+        cluster = self._cluster
+        if cluster is None:
+            return None
+        stream, partition = state.stream, state.partition
+
+        async def propose_isr(decision: ProposeIsr) -> bool | None:
+            try:
+                self.fence.check(replace(state, leader_epoch=decision.expected_epoch))
+            except FencedLeaderEpoch as exc:
+                log.warning("ISR change of %s/%d not proposed: %s", stream, partition, exc)
+                return False
+            return await cluster.propose_isr(stream, partition, decision)
+
+        return Replication(self._config.broker_id, self._config.replica_lag_ms_max, propose_isr)
+
+    async def _stop_leader(self, key: PartitionKey, *, abdicate: bool = False) -> None:
+        leader = self.leaders.pop(key)
+        if abdicate:
+            await leader.abdicate()
+        else:
+            await leader.stop()
+
+    async def _start_follower(self, stream: StreamConfig, partition: PartitionState) -> None:
+        assert self._cluster is not None
+        follower = PartitionFollower(
+            stream, partition, self._open_log(stream, partition), config=self._config,
+            executor=self._executor, address_of=self._cluster.address_of,
+            report_failure=self._cluster.report_leader_failure, fence=self.fence.check)
+        await follower.start()
+        self.followers[(stream.name, partition.partition)] = follower
+        log.info("following broker %d for %s/%d at epoch %d", partition.leader, stream.name,
+                 partition.partition, partition.leader_epoch)
+
+    def _delete_orphan_logs(self, kept: set[str]) -> None:
+        logs = self._data_dir / "logs"
+        if not logs.exists():
+            return
+        for path in logs.iterdir():
+            if path.is_dir() and path.name not in kept:
+                shutil.rmtree(path, ignore_errors=True)

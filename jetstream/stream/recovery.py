@@ -1,0 +1,165 @@
+"""Opening a log: which segment files to trust, which to scan, where the log ends.
+
+Theory of operation
+- The recovery point (a checkpoint beside the segments) is an offset below which every byte
+  was fsynced and checked. Segments sealed below it are trusted once their index files agree
+  with the log file; everything from it on is scanned batch by batch (CRC), and the file is
+  cut after the last valid batch. A cut or a missing segment drops every later segment, so
+  offsets stay dense.
+- The leader epoch cache must agree with the batches on disk: its first entry starts at the
+  log start and its latest epoch is the last batch's. Otherwise it is rebuilt from the batch
+  headers, each checked against its CRC; damage found there (in a trusted segment, where
+  opening did not look) ends the log at the damage instead of failing to open.
+- Whatever recovery changed is made durable (segments sealed and fsynced, directory fsynced)
+  and the recovery point moved to the log end, so the next open can trust it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from jetstream.errors import CorruptRecord
+from jetstream.stream import checkpoint
+from jetstream.stream import format as fmt
+from jetstream.stream.config import LogConfig
+from jetstream.stream.epoch import LeaderEpochCache
+from jetstream.stream.handles import HandlePool
+from jetstream.stream.segment import Segment
+from jetstream.stream.segment_list import SegmentList
+
+RECOVERY_POINT_FILE = "recovery-point-checkpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    scanned_segments: int
+    truncated_bytes: int
+    dropped_segments: int
+
+
+def write_recovery_point(directory: Path, offset: int) -> None:
+    checkpoint.write_offset(directory / RECOVERY_POINT_FILE, "recovery-point", offset)
+
+
+def segment_bases(directory: Path) -> list[int]:
+    """Base offsets of the segment files in `directory`, oldest first. Only names the log
+    writes (`%020d.log`); anything else is not ours to read."""
+    return sorted(int(p.name[:20]) for p in directory.glob("*.log")
+                  if len(p.name) == 24 and p.name[:20].isdigit())
+
+
+class Recovery:
+    """One opening of one log directory: fills `segments` and returns what it had to do."""
+
+    def __init__(self, directory: Path, config: LogConfig, pool: HandlePool,
+                 epochs: LeaderEpochCache, segments: SegmentList) -> None:
+        self.directory = directory
+        self.config = config
+        self.pool = pool
+        self.epochs = epochs
+        self.segments = segments
+
+    def _segment(self, base: int) -> Segment:
+        return Segment(self.directory, base, self.pool, self.config.index_interval_bytes)
+
+    def run(self) -> RecoveryReport:
+        directory = self.directory
+        for tmp in directory.glob("*.tmp"):
+            tmp.unlink()
+        bases = segment_bases(directory)
+        for suffix in (".index", ".timeindex"):
+            for stale in directory.glob("*" + suffix):
+                stem = stale.name[:-len(suffix)]
+                if len(stem) == 20 and stem.isdigit() and int(stem) not in bases:
+                    stale.unlink()
+        recovery_point = checkpoint.read_offset(directory / RECOVERY_POINT_FILE,
+                                                "recovery-point")
+        rp = recovery_point if recovery_point is not None else 0
+        segments = self.segments
+        scanned = truncated = dropped = 0
+        for i, base in enumerate(bases):
+            segment = self._segment(base)
+            if len(segments) and base != segments.active.next_offset:
+                dropped += self._drop_files(bases[i:])
+                break
+            sealed_below_rp = i + 1 < len(bases) and bases[i + 1] <= rp
+            trusted = segment.load() and (sealed_below_rp or segment.next_offset <= rp)
+            if not trusted:
+                scanned += 1
+                cut = segment.recover()
+                truncated += cut
+                if cut and i + 1 < len(bases):
+                    segments.append(segment)
+                    dropped += self._drop_files(bases[i + 1:])
+                    break
+            segments.append(segment)
+        if not len(segments):
+            start = recovery_point or 0
+            segments.append(Segment.create(directory, start, self.pool,
+                                           self.config.index_interval_bytes))
+        rescanned, cut, gone = self._check_epoch_cache()
+        scanned, truncated, dropped = scanned + rescanned, truncated + cut, dropped + gone
+        log_end_offset = segments.active.next_offset
+        if scanned or dropped or recovery_point != log_end_offset:
+            # Make what recovery kept durable, so the next open can trust it.
+            for segment in segments:
+                segment.seal(fsync=True)
+            checkpoint.fsync_dir(directory)
+            write_recovery_point(directory, log_end_offset)
+        return RecoveryReport(scanned, truncated, dropped)
+
+    def _drop_files(self, bases: list[int]) -> int:
+        for base in bases:
+            self._segment(base).delete()
+        return len(bases)
+
+    def _check_epoch_cache(self) -> tuple[int, int, int]:
+        """Make the epoch cache agree with the batches on disk; rebuild it if it does not.
+        Returns the (scanned, truncated bytes, dropped) segments a damaged batch cost."""
+        segments, epochs = self.segments, self.epochs
+        log_start, log_end = segments[0].base_offset, segments.active.next_offset
+        epochs.truncate_from_end(log_end)
+        epochs.truncate_from_start(log_start)
+        if log_end == log_start:
+            return 0, 0, 0
+        last = segments.active if segments.active.size else segments[len(segments) - 2]
+        location = last.find(last.next_offset - 1)
+        assert location is not None
+        entries = epochs.entries
+        if entries and entries[0].start_offset == log_start and (
+            epochs.latest_epoch == location.header.leader_epoch
+        ):
+            return 0, 0, 0
+        scanned = truncated = dropped = 0
+        epochs.clear()
+        i = 0
+        while i < len(segments):
+            segment = segments[i]
+            try:
+                self._assign_epochs_of(segment)
+            except CorruptRecord:
+                # Damage in a trusted segment, where opening did not look. Rather than fail
+                # to open (or learn an epoch from a damaged header), scan it as recovery
+                # would without a recovery point: the log ends at the damage.
+                scanned, truncated = scanned + 1, truncated + segment.recover()
+                dropped += self._drop_files([s.base_offset for s in segments.drop_after(i)])
+                epochs.clear()
+                i = 0
+                continue
+            i += 1
+        return scanned, truncated, dropped
+
+    def _assign_epochs_of(self, segment: Segment) -> None:
+        """Assign the epochs of a segment's batches, each checked against its CRC."""
+        offset = segment.base_offset
+        while offset < segment.next_offset:
+            found = segment.find(offset)
+            assert found is not None
+            header = found.header
+            if not fmt.verify_crc(segment.read_at(found.position, header.size), 0, header):
+                raise CorruptRecord(f"CRC mismatch in {segment.log_path} at {found.position}",
+                                    path=str(segment.log_path), position=found.position)
+            if header.leader_epoch > self.epochs.latest_epoch:
+                self.epochs.assign(header.leader_epoch, header.base_offset)
+            offset = header.next_offset

@@ -1,0 +1,3 @@
+from typing_extensions import Buffer
+
+def crc32c(data: Buffer, value: int = 0, gil_release_mode: int = -1) -> int: ...
