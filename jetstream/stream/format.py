@@ -15,10 +15,12 @@ varints (cheaper to encode and decode in Python).
       crc                u32  CRC32C of every other byte of the batch: the 17 bytes before
                               this field, then everything after it
       attributes         u16  reserved (compression, control batches), 0
-      last_offset_delta  u32  offset of the last record minus base_offset
+      last_offset_delta  u32  last offset the batch covers minus base_offset (after compaction
+                              the batch keeps its range even where its records are gone)
       first_timestamp    i64  ms since the Unix epoch, of the first record
       max_timestamp      i64  largest record timestamp in the batch
-      record_count       u32
+      record_count       u32  0 only in a batch the log cleaner emptied: it keeps its offset
+                              range so the log stays contiguous (readers skip it)
     Record, repeated record_count times:
       length             u32  bytes after this field, to the end of the record
       offset_delta       u32  record offset minus base_offset (gaps allowed: compaction)
@@ -157,11 +159,13 @@ def encode_batch_parts(
     records: Sequence[Record],
     now_ms: int,
     offset_deltas: Sequence[int] | None = None,
+    last_offset_delta: int | None = None,
 ) -> tuple[bytes, bytes]:
     """Encode `records` as one batch at `base_offset`, as (47-byte header, records bytes):
     written with one pwritev, a large batch is never copied into one buffer again. Records
     without a timestamp get now_ms. `offset_deltas` (increasing) keeps the offsets of a batch
-    that has gaps; by default the records take consecutive offsets."""
+    that has gaps; by default the records take consecutive offsets. `last_offset_delta` keeps
+    a range that ends past the last record (a compacted batch); by default it ends there."""
     if not records:
         raise ValueError("a batch holds at least one record")
     if offset_deltas is not None and len(offset_deltas) != len(records):
@@ -217,6 +221,10 @@ def encode_batch_parts(
         if hbytes:
             append(hbytes)
     last_delta = len(records) - 1 if offset_deltas is None else offset_deltas[-1]
+    if last_offset_delta is not None:
+        if last_offset_delta < last_delta:
+            raise ValueError("the batch's range must hold its records")
+        last_delta = last_offset_delta
     after_crc = _AFTER_CRC.pack(0, last_delta, first_ts, max_ts, len(records))
     body = b"".join(parts)
     batch_length = BATCH_HEADER.size - LOG_OVERHEAD.size + len(body)
@@ -231,10 +239,23 @@ def encode_batch(
     records: Sequence[Record],
     now_ms: int,
     offset_deltas: Sequence[int] | None = None,
+    last_offset_delta: int | None = None,
 ) -> bytes:
     """Encode `records` as one batch at `base_offset` (see `encode_batch_parts`)."""
-    head, body = encode_batch_parts(base_offset, leader_epoch, records, now_ms, offset_deltas)
+    head, body = encode_batch_parts(base_offset, leader_epoch, records, now_ms, offset_deltas,
+                                    last_offset_delta)
     return head + body
+
+
+def encode_empty_batch(base_offset: int, leader_epoch: int, last_offset_delta: int,
+                       first_timestamp: int, max_timestamp: int) -> bytes:
+    """A batch without records that holds the offsets [base_offset, base_offset +
+    last_offset_delta]: what the log cleaner leaves where it removed every record of a run
+    of batches, so the log's batches still follow each other without a gap."""
+    after_crc = _AFTER_CRC.pack(0, last_offset_delta, first_timestamp, max_timestamp, 0)
+    before_crc = _BEFORE_CRC.pack(base_offset, BATCH_LENGTH_MIN, leader_epoch, MAGIC)
+    crc = crc32c(after_crc, crc32c(before_crc))
+    return b"".join((before_crc, crc.to_bytes(4, "big"), after_crc))
 
 
 def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
@@ -253,7 +274,7 @@ def check_header(header: BatchHeader) -> None:
         raise BatchFormatError(f"batch length {header.batch_length} is too small")
     if header.base_offset < 0:
         raise BatchFormatError(f"negative base offset {header.base_offset}")
-    if header.record_count == 0 or header.record_count > header.last_offset_delta + 1:
+    if header.record_count > header.last_offset_delta + 1:
         raise BatchFormatError(
             f"record count {header.record_count} does not fit offset delta "
             f"{header.last_offset_delta}"
@@ -407,10 +428,15 @@ def skip_held(data: bytes | memoryview, log_end_offset: int) -> bytes | memoryvi
             kept += data[pos:]
             break
         suffix = [r for r in decode_records(data, pos, header) if r.offset >= log_end_offset]
+        last_delta = header.last_offset - log_end_offset
+        if not suffix:  # compaction left no record past log_end_offset: keep the range
+            kept += encode_empty_batch(log_end_offset, header.leader_epoch, last_delta,
+                                       header.first_timestamp, header.max_timestamp)
+            continue
         kept += encode_batch(
             log_end_offset, header.leader_epoch,
             [Record(r.value, r.key, r.headers, r.subject, r.timestamp_ms) for r in suffix],
-            suffix[0].timestamp_ms, [r.offset - log_end_offset for r in suffix])
+            suffix[0].timestamp_ms, [r.offset - log_end_offset for r in suffix], last_delta)
     return bytes(kept)
 
 

@@ -103,3 +103,40 @@ def test_skip_held_drops_and_splits_what_the_follower_has() -> None:
     got = fmt.decode_batches(split)
     assert [r.offset for r in got] == [11, 12, 13, 14, 15]
     assert all(r == whole[r.offset] for r in got)  # every field kept, epochs too
+
+
+def test_an_empty_batch_keeps_its_range_and_decodes_to_nothing() -> None:
+    empty = fmt.encode_empty_batch(10, 3, 4, 1000, 1005)
+    header = fmt.parse_header(empty)
+    assert (header.base_offset, header.last_offset, header.record_count) == (10, 14, 0)
+    assert (header.first_timestamp, header.max_timestamp, header.size) == (1000, 1005,
+                                                                           len(empty))
+    assert fmt.verify_crc(empty, 0, header)
+    after = fmt.encode_batch(15, 3, [fmt.Record(b"v")], 2000)
+    assert fmt.decode_batches(empty + after) == fmt.decode_batches(after)
+    flipped = bytearray(empty)
+    flipped[-1] ^= 1
+    with pytest.raises(fmt.BatchFormatError):
+        fmt.decode_batches(bytes(flipped))
+
+
+def test_a_compacted_batch_keeps_the_range_past_its_last_record() -> None:
+    data = fmt.encode_batch(100, 1, [fmt.Record(b"a"), fmt.Record(None, b"k")], 7,
+                            offset_deltas=[2, 5], last_offset_delta=9)
+    header = fmt.parse_header(data)
+    assert (header.base_offset, header.next_offset, header.record_count) == (100, 110, 2)
+    assert [(r.offset, r.value) for r in fmt.decode_batches(data)] == [(102, b"a"), (105, None)]
+    with pytest.raises(ValueError, match="range"):
+        fmt.encode_batch(0, 0, [fmt.Record(b"a")], 0, offset_deltas=[3], last_offset_delta=2)
+
+
+def test_skip_held_keeps_the_range_of_a_straddling_batch() -> None:
+    data = fmt.encode_batch(0, 1, [fmt.Record(b"a"), fmt.Record(b"b")], 7,
+                            offset_deltas=[0, 2], last_offset_delta=6)
+    rest = fmt.skip_held(data, 3)  # offsets 3..6 hold no record any more
+    header = fmt.parse_header(rest)
+    assert (header.base_offset, header.next_offset, header.record_count) == (3, 7, 0)
+    rest = fmt.skip_held(data, 1)
+    header = fmt.parse_header(rest)
+    assert (header.base_offset, header.next_offset) == (1, 7)
+    assert [r.offset for r in fmt.decode_batches(rest)] == [2]
