@@ -363,8 +363,9 @@ class PartitionLeader:
         """Append records that did not come through NATS (HTTP API); returns (first offset,
         next offset) once they are durable (`leader`) or committed (`all`)."""
         for record in records:
-            if len(record.value) > self.stream.max_message_bytes:
-                raise RecordTooLarge(len(record.value), self.stream.max_message_bytes)
+            size = 0 if record.value is None else len(record.value)
+            if size > self.stream.max_message_bytes:
+                raise RecordTooLarge(size, self.stream.max_message_bytes)
         if policy is _ALL and self._refuse_all():
             raise self._not_enough_replicas()
         if self._stopping:
