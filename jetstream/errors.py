@@ -39,6 +39,14 @@ class StorageError(JetstreamError):
     code = "STORAGE_ERROR"
 
 
+class SegmentsChanged(StorageError):
+    """A log's segments changed (retention, truncation) while the log cleaner rewrote them:
+    the pass is dropped and nothing is swapped in. The cleaner plans again later."""
+
+    code = "SEGMENTS_CHANGED"
+    retriable = True
+
+
 class OffsetOutOfRange(StorageError):
     """The offset is below the log start offset or above the newest readable offset.
 

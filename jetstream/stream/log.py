@@ -43,10 +43,11 @@ from jetstream.errors import (
     LogClosed,
     OffsetOutOfRange,
     RecordTooLarge,
+    SegmentsChanged,
     StaleLeaderEpoch,
     StorageError,
 )
-from jetstream.stream import checkpoint, retention
+from jetstream.stream import checkpoint, cleaning, retention
 from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy, LogConfig
 from jetstream.stream.epoch import EpochEndOffset, LeaderEpochCache
@@ -354,26 +355,37 @@ class Log:
             raise OffsetOutOfRange(offset, self.log_start_offset, bound)
         return bound
 
-    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None) -> FileSlice:
+    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None, *,
+             skip_empty: bool = False) -> FileSlice:
         """Whole batches from the one holding `offset`, none reaching `upper_bound` (default:
         the LEO), about `max_bytes` in all but at least one batch. The first batch may start
-        before `offset`: readers skip records below it. An empty slice means: nothing yet."""
+        before `offset`: readers skip records below it. An empty slice means: nothing yet.
+        `skip_empty` (consumers; never a replica, which must copy every batch to stay
+        contiguous) passes over batches compaction emptied to the next records."""
         with self._lock:
             self._check_open()
             bound = self._check_range(offset, upper_bound)
             if offset == bound:
                 return FileSlice(-1, 0, 0, offset, offset)
             segment = self._segments.segment_for(offset)
-            position, length, first, next_offset = segment.span(offset, max(1, max_bytes), bound)
-            if length == 0:
+            span = segment.span(offset, max(1, max_bytes), bound)
+            while skip_empty and span.length and not span.records and span.next_offset < bound:
+                # Batches compaction emptied: go on to the next records rather than cost the
+                # reader one round trip per emptied segment.
+                after = self._segments.segment_for(span.next_offset)
+                following = after.span(span.next_offset, max(1, max_bytes), bound)
+                if not following.length:
+                    break
+                segment, span = after, following
+            if span.length == 0:
                 return FileSlice(-1, 0, 0, offset, offset)
             fd = self._pool.dup(segment.log_path)
-        return FileSlice(fd, position, length, first, next_offset)
+        return FileSlice(fd, span.position, span.length, span.first_offset, span.next_offset)
 
-    def read_bytes(self, offset: int, max_bytes: int,
-                   upper_bound: int | None = None) -> tuple[bytes, int]:
+    def read_bytes(self, offset: int, max_bytes: int, upper_bound: int | None = None, *,
+                   skip_empty: bool = False) -> tuple[bytes, int]:
         """Like `read`, as (bytes, next offset)."""
-        with self.read(offset, max_bytes, upper_bound) as piece:
+        with self.read(offset, max_bytes, upper_bound, skip_empty=skip_empty) as piece:
             data = piece.read()
             if len(data) != piece.length:
                 raise CorruptRecord("segment shrank while being read")
@@ -382,7 +394,7 @@ class Log:
     def read_records(self, offset: int, max_bytes: int = 1 << 20,
                      upper_bound: int | None = None) -> list[fmt.StoredRecord]:
         """Decoded records from `offset` (CRC-checked), none at or past `upper_bound`."""
-        data, _next = self.read_bytes(offset, max_bytes, upper_bound)
+        data, _next = self.read_bytes(offset, max_bytes, upper_bound, skip_empty=True)
         try:
             return fmt.decode_batches(data, min_offset=offset, verify=True)
         except (fmt.BatchFormatError, UnicodeDecodeError) as exc:
@@ -496,6 +508,38 @@ class Log:
             if deleted:
                 self.epochs.truncate_from_start(self.log_start_offset)
             return deleted
+
+    # -- compaction ---------------------------------------------------------------------------
+
+    def sealed_segments(self) -> list[Segment]:
+        """The sealed segments, oldest first (a snapshot: the log cleaner plans on it)."""
+        with self._lock:
+            return self._segments.since(0)[:-1]
+
+    def replace_segments(self, replaced: Sequence[Segment], cleaned: Path,
+                         hook: cleaning.StepHook | None = None) -> None:
+        """Swap the cleaned copy `cleaned` (jetstream.stream.cleaning.write_cleaned) in for the
+        consecutive sealed segments `replaced`. Raises SegmentsChanged (and removes
+        `cleaned`) when they are no longer what the cleaner read: deleted by retention,
+        truncated, or no longer sealed."""
+        with self._lock:
+            self._check_open()
+            run = self._segments.since(0)
+            try:
+                start = next(i for i, s in enumerate(run) if s is replaced[0])
+            except StopIteration:
+                start = -1
+            if start < 0 or run[start:start + len(replaced)] != list(replaced) or (
+                start + len(replaced) >= len(run)
+            ) or any(a.next_offset != b.base_offset
+                     for a, b in zip(replaced, run[start + 1:start + len(replaced) + 1],
+                                     strict=True)):
+                cleaned.unlink(missing_ok=True)
+                raise SegmentsChanged(f"segments of {self.directory} changed while cleaning")
+            new = cleaning.swap_in(self.directory, cleaned, replaced[0].base_offset, replaced,
+                                   self._pool, self.config.index_interval_bytes,
+                                   hook or (lambda step: None))
+            self._segments.replace(replaced, [new])
 
     # -- checkpoints and lifecycle ----------------------------------------------------------------
 

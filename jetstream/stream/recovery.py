@@ -1,6 +1,8 @@
 """Opening a log: which segment files to trust, which to scan, where the log ends.
 
 Theory of operation
+- A compaction swap interrupted by a crash is first finished or undone
+  (jetstream.stream.cleaning.complete_swaps).
 - The recovery point (a checkpoint beside the segments) is an offset below which every byte
   was fsynced and checked. Segments sealed below it are trusted once their index files agree
   with the log file; everything from it on is scanned batch by batch (CRC), and the file is
@@ -22,6 +24,7 @@ from pathlib import Path
 from jetstream.errors import CorruptRecord
 from jetstream.stream import checkpoint
 from jetstream.stream import format as fmt
+from jetstream.stream.cleaning import complete_swaps
 from jetstream.stream.config import LogConfig
 from jetstream.stream.epoch import LeaderEpochCache
 from jetstream.stream.handles import HandlePool
@@ -67,6 +70,7 @@ class Recovery:
         directory = self.directory
         for tmp in directory.glob("*.tmp"):
             tmp.unlink()
+        complete_swaps(directory, self.pool)
         bases = segment_bases(directory)
         for suffix in (".index", ".timeindex"):
             for stale in directory.glob("*" + suffix):

@@ -41,6 +41,19 @@ def log_file_name(base_offset: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Span:
+    """Whole batches of a segment: `length` bytes at `position`, from the batch at
+    `first_offset` to `next_offset`, holding `records` records (0: batches compaction
+    emptied)."""
+
+    position: int
+    length: int
+    first_offset: int
+    next_offset: int
+    records: int
+
+
+@dataclass(frozen=True, slots=True)
 class BatchLocation:
     position: int
     header: fmt.BatchHeader
@@ -304,17 +317,17 @@ class Segment:
         raise CorruptRecord(f"offset {offset} not found in {self.log_path}",
                             path=str(self.log_path), position=position)
 
-    def span(self, offset: int, max_bytes: int, upper_bound: int) -> tuple[int, int, int, int]:
+    def span(self, offset: int, max_bytes: int, upper_bound: int) -> Span:
         """Whole batches from the one holding `offset`, none reaching `upper_bound`, about
-        `max_bytes` in all (at least one batch when the first fits under the bound).
-        Returns (position, length, first batch base offset, next offset to read)."""
+        `max_bytes` in all (at least one batch when the first fits under the bound)."""
         location = self.find(offset)
         if location is None or location.header.last_offset >= upper_bound:
-            return 0, 0, offset, offset
+            return Span(0, 0, offset, offset, 0)
         start = position = location.position
         header = location.header
         first_base = header.base_offset
         next_offset = header.next_offset
+        records = header.record_count
         position += header.size
         while position < self.size and position - start < max_bytes:
             header = self._read_batch_header(position)
@@ -325,8 +338,9 @@ class Segment:
             if header.last_offset >= upper_bound or position + header.size - start > max_bytes:
                 break
             next_offset = header.next_offset
+            records += header.record_count
             position += header.size
-        return start, position - start, first_base, next_offset
+        return Span(start, position - start, first_base, next_offset, records)
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """The first offset whose record timestamp is >= `timestamp`, None if there is none."""
