@@ -55,6 +55,10 @@ _FROM_HELP = ("earliest (default), latest (the newest message), new (only what c
               "time relative to now (-30s, -5m, -2h, -1d, -1h30m)")
 
 
+#: The default of `stream update` flags: a setting left as it is (None means "no limit").
+_UNSET = object()
+
+
 class UsageError(Exception):
     """The command line is wrong: `main` prints the message and exits 2."""
 
@@ -254,11 +258,42 @@ async def stream_create(js: Client, args: argparse.Namespace) -> int:
         labels=parse_pairs(args.label, "--label") or None, ack_policy=args.ack_policy,
         fsync=args.fsync, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes,
         retention_messages=args.retention_messages, max_message_bytes=args.max_message_bytes,
-        replication_factor=args.replication_factor, min_isr=args.min_isr)
+        replication_factor=args.replication_factor, min_isr=args.min_isr,
+        **{k: getattr(args, k) for k in _COMPACTION_FLAGS if getattr(args, k) is not None})
     count = info.partition_count
     _emit(args, stream_json(info),
           f"stream {info.name} ready: subject {info.subject!r}, {count} "
           f"partition{'s' if count != 1 else ''}, ack policy {info.ack_policy}")
+    return 0
+
+
+#: Flags of `stream create` and `stream update` for the compaction and segment settings.
+_COMPACTION_FLAGS = {
+    "cleanup_policy": str, "min_cleanable_dirty_ratio": float, "min_compaction_lag_ms": int,
+    "max_compaction_lag_ms": int, "delete_retention_ms": int, "segment_bytes_max": int,
+    "segment_ms_max": int,
+}
+#: What `stream update` may change, and how a flag's text is read ("none": no limit).
+_UPDATE_FLAGS = {
+    **_COMPACTION_FLAGS, "ack_policy": str, "fsync": str, "fsync_interval_ms": int,
+    "retention_ms": int, "retention_bytes": int, "retention_messages": int,
+    "max_message_bytes": int,
+}
+
+
+def _setting(kind: type) -> Callable[[str], object]:
+    def parse(text: str) -> object:
+        return None if text.lower() == "none" else kind(text)
+    return parse
+
+
+async def stream_update(js: Client, args: argparse.Namespace) -> int:
+    changes = {k: getattr(args, k) for k in _UPDATE_FLAGS if getattr(args, k) is not _UNSET}
+    if not changes:
+        raise UsageError("name at least one setting to change, e.g. --retention-ms 60000")
+    info = await js.update_stream(args.name, **changes)
+    _emit(args, stream_json(info), f"stream {info.name} updated: " + ", ".join(
+        f"{k}={v if v is not None else 'none'}" for k, v in changes.items()))
     return 0
 
 
@@ -544,6 +579,17 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     for flag in ("retention-ms", "retention-bytes", "retention-messages", "max-message-bytes",
                  "replication-factor", "min-isr"):
         create.add_argument(f"--{flag}", type=int, metavar="N")
+    create.add_argument("--cleanup-policy", choices=["delete", "compact", "compact,delete"])
+    for name, kind in _COMPACTION_FLAGS.items():
+        if name != "cleanup_policy":
+            create.add_argument("--" + name.replace("_", "-"), type=kind, metavar="N")
+    update = leaf(group, "update", stream_update,
+                  "change settings of a stream (retention, cleanup policy, compaction, "
+                  "segments, ack policy, fsync, largest message)")
+    update.add_argument("name")
+    for name, kind in _UPDATE_FLAGS.items():
+        update.add_argument("--" + name.replace("_", "-"), type=_setting(kind), default=_UNSET,
+                            metavar="VALUE", help="'none' for no limit" if kind is int else None)
     leaf(group, "list", stream_list, "list streams").add_argument(
         "--selector", help="label selector, e.g. 'app=shop,env in (prod,stage)'")
     leaf(group, "info", stream_info, "describe a stream and its partitions").add_argument("name")

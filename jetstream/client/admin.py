@@ -59,8 +59,14 @@ class StreamAdmin:
         retention_messages: int | None = None,
         max_message_bytes: int | None = None,
         segment_bytes_max: int | None = None,
+        segment_ms_max: int | None = None,
         replication_factor: int | None = None,
         min_isr: int | None = None,
+        cleanup_policy: str | None = None,
+        min_cleanable_dirty_ratio: float | None = None,
+        min_compaction_lag_ms: int | None = None,
+        max_compaction_lag_ms: int | None = None,
+        delete_retention_ms: int | None = None,
     ) -> StreamInfo:
         """Create a stream reading `subject` (partition p > 0 reads `<subject>.<p>`); options
         left None take the broker's defaults. Idempotent: creating a stream that exists with
@@ -72,10 +78,26 @@ class StreamAdmin:
                    "retention_ms": retention_ms, "retention_bytes": retention_bytes,
                    "retention_messages": retention_messages,
                    "max_message_bytes": max_message_bytes,
-                   "segment_bytes_max": segment_bytes_max,
-                   "replication_factor": replication_factor, "min_isr": min_isr}
+                   "segment_bytes_max": segment_bytes_max, "segment_ms_max": segment_ms_max,
+                   "replication_factor": replication_factor, "min_isr": min_isr,
+                   "cleanup_policy": cleanup_policy,
+                   "min_cleanable_dirty_ratio": min_cleanable_dirty_ratio,
+                   "min_compaction_lag_ms": min_compaction_lag_ms,
+                   "max_compaction_lag_ms": max_compaction_lag_ms,
+                   "delete_retention_ms": delete_retention_ms}
         config.update((k, v) for k, v in options.items() if v is not None)
         await self._router.admin(m.CreateStreamRequest(config), m.EmptyResponse)
+        return await self.stream_info(name)
+
+    async def update_stream(self, name: str, /, **changes: object) -> StreamInfo:
+        """Change settings of a stream, e.g. `update_stream("s", retention_ms=None,
+        cleanup_policy="compact")` (None: no limit). Changeable: retention, cleanup policy and
+        compaction settings, segment size and age, ack policy, fsync, largest message; every
+        replica applies the change. Raises InvalidStreamConfig (an unknown or fixed setting, a
+        bad value), UnknownStream."""
+        values = {k: v.value if isinstance(v, enum.Enum) else v for k, v in changes.items()}
+        await self._router.admin(m.UpdateStreamRequest(name, values), m.UpdateStreamResponse)
+        self._router.metadata.drop_stream(name)
         return await self.stream_info(name)
 
     async def delete_stream(self, name: str) -> None:

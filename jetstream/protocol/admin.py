@@ -14,6 +14,7 @@ is created, not here: here only its shape.
                                                                 metadata_leader=-1
     CREATE_STREAM         config: map                           {}
     DELETE_STREAM         name                                  {}
+    UPDATE_STREAM         name, changes: map                    config: map (the new one)
     LIST_STREAMS          {}                                    streams: [stream]
     stream = {name, subject, partitions: [{partition, leader (-1: none), leader_epoch,
               replicas: [int], isr: [int]}], ...any other keys, passed through}
@@ -142,6 +143,29 @@ class DeleteStreamRequest(Request):
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateStreamResponse(Response):
+    config: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        as_map("config", self.config)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateStreamRequest(Request):
+    """Change settings of a stream; `changes` is checked by the stream config module
+    (INVALID_STREAM_CONFIG names a setting that is unknown, fixed or out of range)."""
+
+    op: ClassVar[Op] = Op.UPDATE_STREAM
+    response_type: ClassVar[type[Response]] = UpdateStreamResponse
+    name: str
+    changes: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        check_stream(self.name, "name")
+        as_map("changes", self.changes)
+
+
+@dataclass(frozen=True, slots=True)
 class ListStreamsResponse(Response):
     streams: list[dict[str, Any]]
 
@@ -157,4 +181,5 @@ class ListStreamsRequest(Request):
 
 #: The requests of this module, for the codec's registry.
 REQUESTS: tuple[type[Request], ...] = (
-    MetadataRequest, CreateStreamRequest, DeleteStreamRequest, ListStreamsRequest)
+    MetadataRequest, CreateStreamRequest, DeleteStreamRequest, ListStreamsRequest,
+    UpdateStreamRequest)

@@ -100,6 +100,7 @@ class Op(enum.IntEnum):
     COMMIT_OFFSET = 9
     FETCH_OFFSET = 10
     REPORT_LEADER_FAILURE = 11
+    UPDATE_STREAM = 12
 
 
 _KINDS = frozenset(int(k) for k in Kind)

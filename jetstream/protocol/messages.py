@@ -23,6 +23,8 @@ from jetstream.protocol.admin import (
     ListStreamsResponse,
     MetadataRequest,
     MetadataResponse,
+    UpdateStreamRequest,
+    UpdateStreamResponse,
 )
 from jetstream.protocol.base import EmptyResponse, Message, Request, Response
 from jetstream.protocol.codec import (
@@ -102,6 +104,8 @@ __all__ = [
     "ReportLeaderFailureRequest",
     "Request",
     "Response",
+    "UpdateStreamRequest",
+    "UpdateStreamResponse",
     "decode_request",
     "decode_response",
     "encode_error",

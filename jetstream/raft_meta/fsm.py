@@ -63,6 +63,15 @@ class DeleteStream:
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateStream:
+    """Change settings of a stream (StreamConfig.UPDATABLE_FIELDS); every replica applies
+    the new config when it reconciles."""
+
+    name: str
+    changes: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class ChangeLeader:
     stream: str
     partition: int
@@ -78,7 +87,7 @@ class ChangeIsr:
     isr: tuple[int, ...]
 
 
-Command = RegisterBroker | CreateStream | DeleteStream | ChangeLeader | ChangeIsr
+Command = RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeLeader | ChangeIsr
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +145,14 @@ class MetadataState:
         for p in range(config.partitions):
             del self.partitions[(command.name, p)]
         return config
+
+    def _apply_UpdateStream(self, command: UpdateStream) -> StreamConfig:
+        config = self.streams.get(command.name)
+        if config is None:
+            raise UnknownStream(command.name)
+        updated = config.updated(command.changes)
+        self.streams[command.name] = updated
+        return updated
 
     def _apply_ChangeLeader(self, command: ChangeLeader) -> PartitionState:
         state = self._current(command.stream, command.partition, command.expected_epoch)

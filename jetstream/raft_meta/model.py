@@ -10,9 +10,10 @@ clients without a schema of their own.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from jetstream.compaction.planner import DAY_MS, CleanupPolicy, CompactionConfig
 from jetstream.errors import InvalidConfig, InvalidStreamConfig
 from jetstream.protocol import names
 from jetstream.protocol.envelope import AckPolicy
@@ -22,6 +23,14 @@ from jetstream.stream.config import FsyncPolicy, LogConfig, MiB
 PARTITIONS_MAX = 1024
 REPLICATION_FACTOR_MAX = 7
 MESSAGE_BYTES_MAX = 64 * MiB
+#: The settings `update_stream` may change after a stream was created; the others (name,
+#: subject, partitions, replication, min ISR, load-balance group, labels) are fixed.
+UPDATABLE_FIELDS = frozenset({
+    "ack_policy", "fsync", "fsync_interval_ms", "retention_ms", "retention_bytes",
+    "retention_messages", "segment_bytes_max", "segment_ms_max", "max_message_bytes",
+    "cleanup_policy", "min_cleanable_dirty_ratio", "min_compaction_lag_ms",
+    "max_compaction_lag_ms", "delete_retention_ms",
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,12 @@ class StreamConfig:
     retention_messages: int | None = None
     segment_bytes_max: int = 64 * MiB
     max_message_bytes: int = 1 * MiB
+    segment_ms_max: int = 7 * DAY_MS
+    cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int | None = None
+    delete_retention_ms: int = DAY_MS
 
     def __post_init__(self) -> None:
         names.check_stream_name(self.name)
@@ -52,7 +67,8 @@ class StreamConfig:
         _int(self, "replication_factor", 1, REPLICATION_FACTOR_MAX)
         _int(self, "min_isr", 1, self.replication_factor)
         _int(self, "max_message_bytes", 64, MESSAGE_BYTES_MAX)
-        for name, enum_type in (("ack_policy", AckPolicy), ("fsync", FsyncPolicy)):
+        for name, enum_type in (("ack_policy", AckPolicy), ("fsync", FsyncPolicy),
+                                ("cleanup_policy", CleanupPolicy)):
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, enum_type(value))
@@ -61,20 +77,48 @@ class StreamConfig:
                     f"{name} must be one of {[m.value for m in enum_type]}, got {value!r}",
                     field=name) from None
         try:
-            self.log_config()
-        except InvalidConfig as exc:  # LogConfig names the field in its own error
+            self._log_config(retention=True)  # retention values are checked whatever the policy
+            self.compaction_config()
+        except InvalidConfig as exc:  # each config names the field in its own error
             raise InvalidStreamConfig(str(exc), field=exc.fields.get("field", "")) from None
 
     def log_config(self) -> LogConfig:
+        """The log's settings. Retention deletes segments only under a `delete` policy: a
+        `compact` stream keeps every key's latest record however old."""
+        return self._log_config(retention=self.cleanup_policy.deletes)
+
+    def _log_config(self, *, retention: bool) -> LogConfig:
+        deletes = retention
         return LogConfig(
             segment_bytes_max=self.segment_bytes_max,
+            segment_ms_max=self.segment_ms_max,
             record_bytes_max=self.max_message_bytes + 64 * 1024,
             fsync=self.fsync,
             fsync_interval_ms=self.fsync_interval_ms,
-            retention_ms=self.retention_ms,
-            retention_bytes=self.retention_bytes,
-            retention_messages=self.retention_messages,
+            retention_ms=self.retention_ms if deletes else None,
+            retention_bytes=self.retention_bytes if deletes else None,
+            retention_messages=self.retention_messages if deletes else None,
         )
+
+    def compaction_config(self) -> CompactionConfig:
+        return CompactionConfig(
+            min_cleanable_dirty_ratio=self.min_cleanable_dirty_ratio,
+            min_compaction_lag_ms=self.min_compaction_lag_ms,
+            max_compaction_lag_ms=self.max_compaction_lag_ms,
+            delete_retention_ms=self.delete_retention_ms,
+            segment_bytes_max=self.segment_bytes_max,
+        )
+
+    def updated(self, changes: Mapping[str, Any]) -> StreamConfig:
+        """This config with `changes` (settings of UPDATABLE_FIELDS only), checked."""
+        if not isinstance(changes, Mapping) or not changes:
+            raise InvalidStreamConfig("an update names at least one setting", field="")
+        fixed = sorted(set(changes) - UPDATABLE_FIELDS)
+        if fixed:
+            raise InvalidStreamConfig(
+                f"{fixed[0]} cannot be changed after the stream was created (changeable: "
+                f"{sorted(UPDATABLE_FIELDS)})", field=fixed[0])
+        return replace(self, **changes)
 
     def partition_subject(self, partition: int) -> str:
         return names.partition_subject(self.subject, partition)
@@ -84,6 +128,7 @@ class StreamConfig:
         out["labels"] = dict(self.labels)
         out["ack_policy"] = self.ack_policy.value
         out["fsync"] = self.fsync.value
+        out["cleanup_policy"] = self.cleanup_policy.value
         return out
 
     @classmethod

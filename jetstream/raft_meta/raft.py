@@ -106,6 +106,7 @@ from jetstream.raft_meta.fsm import (
     DeleteStream,
     MetadataState,
     RegisterBroker,
+    UpdateStream,
 )
 from jetstream.raft_meta.model import BrokerInfo, StreamConfig
 
@@ -217,6 +218,8 @@ def encode_command(command: Command) -> dict[str, Any]:
                     "live": None if live is None else list(live)}
         case DeleteStream(name=name):
             return {"type": "DeleteStream", "name": name}
+        case UpdateStream(name=name, changes=changes):
+            return {"type": "UpdateStream", "name": name, "changes": dict(changes)}
         case ChangeLeader(stream=stream, partition=partition, expected_epoch=epoch,
                           leader=leader):
             return {"type": "ChangeLeader", "stream": stream, "partition": partition,
@@ -239,6 +242,8 @@ def decode_command(data: Mapping[str, Any]) -> Command:
                             None if live is None else tuple(int(b) for b in live))
     if kind == "DeleteStream":
         return DeleteStream(data["name"])
+    if kind == "UpdateStream":
+        return UpdateStream(data["name"], dict(data["changes"]))
     if kind == "ChangeLeader":
         return ChangeLeader(data["stream"], data["partition"], data["expected_epoch"],
                             data["leader"])

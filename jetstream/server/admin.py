@@ -25,7 +25,7 @@ from typing import Any
 
 from jetstream.errors import UnknownStream
 from jetstream.protocol import messages as m
-from jetstream.raft_meta.fsm import CreateStream, DeleteStream
+from jetstream.raft_meta.fsm import CreateStream, DeleteStream, UpdateStream
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.raft_meta.raft import RaftMetadata
@@ -79,6 +79,12 @@ class Admin:
     async def delete_stream(self, name: str) -> None:
         await self._metadata.propose(DeleteStream(name))
         await self._roles.reconcile()
+
+    async def update_stream(self, name: str, changes: Mapping[str, Any]) -> StreamConfig:
+        """Change settings of a stream through the metadata log; the new config."""
+        config: StreamConfig = await self._metadata.propose(UpdateStream(name, dict(changes)))
+        await self._roles.reconcile()
+        return config
 
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
         return self._roles.leader_for(stream, partition)
@@ -155,6 +161,11 @@ class Admin:
     async def on_create_stream(self, request: m.CreateStreamRequest) -> m.EmptyResponse:
         await self.create_stream(self.stream_config(request.config))
         return m.EmptyResponse()
+
+    async def on_update_stream(self, request: m.UpdateStreamRequest
+                               ) -> m.UpdateStreamResponse:
+        config = await self.update_stream(request.name, request.changes)
+        return m.UpdateStreamResponse(config.to_dict())
 
     async def on_delete_stream(self, request: m.DeleteStreamRequest) -> m.EmptyResponse:
         await self.delete_stream(request.name)

@@ -97,6 +97,10 @@ class HttpServices(Protocol):
 
     async def delete_stream(self, name: str) -> None: ...
 
+    async def update_stream(self, name: str, changes: Mapping[str, Any]) -> StreamConfig:
+        """Change settings of a stream; the new config."""
+        ...
+
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
         """This broker's leader of the partition, else UnknownStream, UnknownPartition or
         NotLeader."""

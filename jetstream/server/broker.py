@@ -144,6 +144,7 @@ class Broker:
             on(m.ListStreamsRequest, admin.on_list_streams),
             on(m.CreateStreamRequest, admin.on_create_stream),
             on(m.DeleteStreamRequest, admin.on_delete_stream),
+            on(m.UpdateStreamRequest, admin.on_update_stream),
             on(m.ReportLeaderFailureRequest,
                cluster.on_report_request if cluster is not None else _no_failover),
         ]))

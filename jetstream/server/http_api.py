@@ -253,6 +253,14 @@ def build_app(services: HttpServices) -> FastAPI:
     async def stream_info(name: str) -> dict[str, Any]:
         return services.describe_stream(name)
 
+    @app.patch("/streams/{name}", responses=_errors(400, 404, 503))
+    async def update_stream(name: str,
+                            changes: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
+        """Change settings of a stream (retention, cleanup policy and compaction settings,
+        segment size and age, ack policy, fsync, largest message); answers its description."""
+        await services.update_stream(name, changes)
+        return services.describe_stream(name)
+
     @app.delete("/streams/{name}", status_code=204, responses=_errors(400, 404, 503))
     async def delete_stream(name: str) -> Response:
         await services.delete_stream(name)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
 from pathlib import Path
@@ -94,6 +95,7 @@ class Roles:
             wanted = {key: p for key, p in state.partitions.items()
                       if p.leader == me or (clustered and me in p.replicas)}
             await self._retire(wanted)
+            await self._apply_configs(state.streams)
             for key in list(self._logs):
                 p = wanted.get(key)
                 if p is None or p.created_version != self._log_versions[key]:
@@ -178,6 +180,30 @@ class Roles:
                 await self.followers.pop(key).stop()
             else:
                 follower.state = p
+
+    async def _apply_configs(self, streams: Mapping[str, StreamConfig]) -> None:
+        """Give open logs and running roles their stream's current config (after an
+        update). A leader whose fsync policy changed is restarted at the same epoch: its
+        sync loop follows the policy it started with."""
+        for key, log_ in self._logs.items():
+            stream = streams.get(key[0])
+            if stream is None:
+                continue
+            wanted = stream.log_config()
+            if wanted != log_.config:
+                log_.reconfigure(wanted)
+            follower = self.followers.get(key)
+            if follower is not None:
+                follower.stream = stream
+        for key, leader in list(self.leaders.items()):
+            stream = streams.get(key[0])
+            if stream is None or stream == leader.stream:
+                continue
+            if (stream.fsync, stream.fsync_interval_ms) != (leader.stream.fsync,
+                                                            leader.stream.fsync_interval_ms):
+                await self._stop_leader(key)  # started again below, by the same reconcile
+            else:
+                leader.stream = stream
 
     def _open_log(self, stream: StreamConfig, partition: PartitionState) -> Log:
         """The partition's open log; a directory of an earlier stream of the same name is

@@ -509,6 +509,13 @@ class Log:
                 self.epochs.truncate_from_start(self.log_start_offset)
             return deleted
 
+    def reconfigure(self, config: LogConfig) -> None:
+        """Apply new settings (a stream update): retention, segment sizes and ages, fsync
+        policy and limits take effect from the next append, roll or retention run."""
+        with self._lock:
+            self._check_open()
+            self.config = config
+
     # -- compaction ---------------------------------------------------------------------------
 
     def sealed_segments(self) -> list[Segment]:

@@ -22,6 +22,7 @@ from jetstream.raft_meta.fsm import (
     MetadataState,
     RegisterBroker,
     StaleMetadataEpoch,
+    UpdateStream,
 )
 from jetstream.raft_meta.model import BrokerInfo, StreamConfig
 
@@ -154,6 +155,11 @@ def test_state_round_trips_through_json() -> None:
         ({"name": "s", "subject": "a", "retention_ms": 0}, "retention_ms"),
         ({"name": "s", "subject": "a", "labels": {"bad key!": "v"}}, "labels"),
         ({"name": "s", "subject": "a", "colour": "red"}, "colour"),
+        ({"name": "s", "subject": "a", "cleanup_policy": "shred"}, "cleanup_policy"),
+        ({"name": "s", "subject": "a", "delete_retention_ms": -1}, "delete_retention_ms"),
+        ({"name": "s", "subject": "a", "min_compaction_lag_ms": 10,
+          "max_compaction_lag_ms": 5}, "max_compaction_lag_ms"),
+        ({"name": "s", "subject": "a", "segment_ms_max": 0}, "segment_ms_max"),
         ({"subject": "a"}, "name"),
     ],
 )
@@ -161,3 +167,42 @@ def test_invalid_stream_configs_name_the_field(fields: dict[str, object], field:
     with pytest.raises(InvalidStreamConfig) as exc:
         StreamConfig.from_dict(fields)
     assert exc.value.fields["field"] == field
+
+
+def test_update_changes_only_updatable_settings_and_refuses_the_rest() -> None:
+    state = cluster(1)
+    state.apply(CreateStream(StreamConfig("s", "s", retention_ms=1000)))
+    version = state.version
+    updated = state.apply(UpdateStream("s", {"retention_ms": None, "cleanup_policy": "compact",
+                                             "delete_retention_ms": 5}))
+    assert updated == state.streams["s"]
+    assert (updated.retention_ms, updated.cleanup_policy.value, updated.delete_retention_ms) == (
+        None, "compact", 5)
+    assert updated.compaction_config().delete_retention_ms == 5
+    before = state.streams["s"]
+    for changes, field in (({"partitions": 2}, "partitions"), ({"subject": "t"}, "subject"),
+                           ({"min_isr": 1}, "min_isr"), ({"retention_ms": 0}, "retention_ms"),
+                           ({}, "")):
+        with pytest.raises(InvalidStreamConfig) as exc:
+            state.apply(UpdateStream("s", changes))
+        assert exc.value.fields["field"] == field
+        assert state.streams["s"] == before
+    with pytest.raises(UnknownStream):
+        state.apply(UpdateStream("nope", {"retention_ms": 1}))
+    assert state.version == version + 1
+
+
+def test_compact_streams_keep_old_segments_from_retention() -> None:
+    compact = StreamConfig("s", "s", retention_ms=10, retention_bytes=100,
+                           cleanup_policy="compact")  # type: ignore[arg-type]
+    assert (compact.log_config().retention_ms, compact.log_config().retention_bytes) == (
+        None, None)
+    both = StreamConfig("s", "s", retention_ms=10, cleanup_policy="compact,delete")  # type: ignore[arg-type]
+    assert both.log_config().retention_ms == 10
+
+
+def test_update_command_round_trips_through_the_raft_encoding() -> None:
+    from jetstream.raft_meta.raft import decode_command, encode_command
+
+    command = UpdateStream("s", {"retention_ms": None, "cleanup_policy": "compact"})
+    assert decode_command(json.loads(json.dumps(encode_command(command)))) == command
