@@ -55,7 +55,7 @@ _NO_RESPONDERS = "503"
 YIELD_EVERY = 64
 
 #: One item of a batch: subject, value, key, headers.
-BatchItem = tuple[str, bytes, bytes | None, Mapping[str, bytes] | None]
+BatchItem = tuple[str, bytes | None, bytes | None, Mapping[str, bytes] | None]
 
 
 @dataclass(slots=True)
@@ -123,7 +123,7 @@ class Publisher:
 
     # -- publishing ---------------------------------------------------------------------------
 
-    async def publish(self, subject: str, value: bytes, key: bytes | None,
+    async def publish(self, subject: str, value: bytes | None, key: bytes | None,
                       headers: Mapping[str, bytes] | None, ack_policy: AckPolicy | str | None,
                       timeout_s: float) -> Ack | None:
         if _no_ack(ack_policy):
@@ -142,7 +142,7 @@ class Publisher:
         finally:
             self._waiters.pop(correlation_id, None)
 
-    async def send_unacked(self, subject: str, value: bytes, key: bytes | None,
+    async def send_unacked(self, subject: str, value: bytes | None, key: bytes | None,
                            headers: Mapping[str, bytes] | None) -> None:
         """Publish with ack policy `none`: nothing comes back, so nothing is awaited."""
         payload = encode_envelope(value, key, headers, None, None, AckPolicy.NONE)

@@ -52,7 +52,7 @@ class Publishing:
     async def publish(
         self,
         subject: str,
-        value: bytes,
+        value: bytes | None,
         *,
         key: bytes | None = None,
         headers: Mapping[str, bytes] | None = None,
@@ -61,7 +61,8 @@ class Publishing:
         timeout: float = PUBLISH_TIMEOUT_S,
     ) -> Ack | None:
         """Publish `value` on `subject` through NATS and wait for the ack (the stream's ack
-        policy unless `ack_policy` says otherwise). With `ack_policy="none"` nothing comes
+        policy unless `ack_policy` says otherwise). A None value with a key is a tombstone:
+        on a compacted stream it deletes the key. With `ack_policy="none"` nothing comes
         back: the message is sent and None returned at once. The partition is `partition` if given,
         else chosen from `key` (crc32(key) % N) or round-robin when a known stream reads
         exactly `subject` with N > 1 partitions. When several streams read the subject, each
@@ -72,7 +73,8 @@ class Publishing:
         publisher = await self._ensure_publisher()
         self._router.refresh_in_background()
         target = self._partitioner.subject_for(subject, key, partition)
-        return await publisher.publish(target, bytes(value), key, headers, ack_policy, timeout)
+        data = None if value is None else bytes(value)
+        return await publisher.publish(target, data, key, headers, ack_policy, timeout)
 
     async def publish_batch(
         self,
@@ -98,7 +100,19 @@ class Publishing:
             subject, value = message
             return self._partitioner.subject_for(subject, None, None), bytes(value), None, None
         target = self._partitioner.subject_for(message.subject, message.key, message.partition)
-        return target, bytes(message.value), message.key, message.headers
+        data = None if message.value is None else bytes(message.value)
+        return target, data, message.key, message.headers
+
+    async def delete(self, stream: str, key: bytes, *,
+                     ack_policy: AckPolicy | str | None = None,
+                     timeout: float = PUBLISH_TIMEOUT_S) -> Ack | None:
+        """Delete `key` from a compacted stream: publish a tombstone (the key with a null
+        value) to the stream's subject, in the partition the key hashes to. Its readers see
+        the tombstone; compaction then removes the key's older records, and the tombstone
+        itself after the stream's `delete_retention_ms`. Raises UnknownStream."""
+        info = await self._router.load_stream(stream)
+        return await self.publish(info.subject, None, key=key, ack_policy=ack_policy,
+                                  timeout=timeout)
 
     async def _close_publisher(self) -> None:
         """Fail publishes still waiting for acks and close the NATS connection."""

@@ -128,6 +128,8 @@ class SyncClient:
     refresh_metadata = _blocking(Client.refresh_metadata)
     create_stream = _blocking(Client.create_stream)
     delete_stream = _blocking(Client.delete_stream)
+    update_stream = _blocking(Client.update_stream)
+    delete = _blocking(Client.delete)
     list_streams = _blocking(Client.list_streams)
     stream_info = _blocking(Client.stream_info)
     publish = _blocking(Client.publish)

@@ -160,10 +160,10 @@ class FetchResult:
 
 @dataclass(frozen=True, slots=True)
 class PublishMessage:
-    """One message of `publish_batch`."""
+    """One message of `publish_batch` (a None value with a key: a tombstone)."""
 
     subject: str
-    value: bytes
+    value: bytes | None
     key: bytes | None = None
     headers: Mapping[str, bytes] | None = None
     partition: int | None = None

@@ -67,7 +67,10 @@ _POLICIES = frozenset(p.value for p in AckPolicy)
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    value: bytes
+    """`value` None (msgpack nil) is a null value: with a key, a tombstone that deletes the
+    key from a compacted stream."""
+
+    value: bytes | None
     key: bytes | None = None
     headers: Mapping[str, bytes] = field(default_factory=dict)
     ack_inbox: str | None = None
@@ -77,8 +80,8 @@ class Envelope:
 
     def __post_init__(self) -> None:
         # Raises ProtocolError naming the field; decode_envelope turns that into None.
-        if not isinstance(self.value, bytes):
-            raise _bad("value", "must be bytes")
+        if self.value is not None and not isinstance(self.value, bytes):
+            raise _bad("value", "must be bytes or None (a tombstone)")
         if self.key is not None and not isinstance(self.key, bytes):
             raise _bad("key", "must be bytes or None")
         headers = self.headers
@@ -115,7 +118,7 @@ def _ack_policy(value: object) -> AckPolicy | None:
 
 
 def encode_envelope(
-    value: bytes,
+    value: bytes | None,
     key: bytes | None = None,
     headers: Mapping[str, bytes] | None = None,
     ack_inbox: str | None = None,

@@ -29,6 +29,7 @@ from jetstream.raft_meta.fsm import CreateStream, DeleteStream, UpdateStream
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.metrics import BrokerMetrics, render
@@ -42,7 +43,7 @@ class Admin:
 
     def __init__(self, config: BrokerConfig, metadata: LocalMetadata | RaftMetadata,
                  cluster: Cluster | None, roles: Roles, metrics: BrokerMetrics,
-                 nats_url: str, nats: NatsPort) -> None:
+                 nats_url: str, nats: NatsPort, cleaner: CleanerService) -> None:
         self._config = config
         self._metadata = metadata
         self._cluster = cluster
@@ -50,6 +51,7 @@ class Admin:
         self._metrics = metrics
         self._nats_url = nats_url
         self._nats = nats
+        self._cleaner = cleaner
 
     @property
     def broker_id(self) -> int:
@@ -109,6 +111,13 @@ class Admin:
                              log_end_offset=leader.log.log_end_offset,
                              replica_end_offsets=_replica_end_offsets(leader))
             partitions.append(entry)
+        if config.cleanup_policy.compacts:
+            held = {k: (log_, hw) for k, _s, log_, hw in self._roles.replicas() if k[0] == name}
+            for entry in partitions:
+                found = held.get((name, entry["partition"]))
+                if found is not None:  # this broker's copy of it (each replica compacts alone)
+                    entry["compaction"] = self._cleaner.describe(
+                        (name, entry["partition"]), config, *found)
         return {**config.to_dict(), "partitions": partitions}
 
     def describe_streams(self, names: list[str] | None = None) -> list[dict[str, Any]]:
@@ -146,7 +155,7 @@ class Admin:
             leader.metrics.dropped = leader.dropped
         rows = [(s, p, leader.metrics, leader.log.log_end_offset)
                 for (s, p), leader in sorted(leaders.items())]
-        return render(rows, self._metrics)
+        return render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
 
     # -- socket API handlers ----------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from jetstream.raft_meta.model import BrokerInfo
 from jetstream.raft_meta.raft import RaftMetadata, StateRestored
 from jetstream.server.admin import Admin
 from jetstream.server.api import Dispatcher, on
+from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.epoch_fence import EpochFence
@@ -71,6 +72,7 @@ class Broker:
         self._nats: NatsPort | None = None
         self._cluster: Cluster | None = None
         self._roles: Roles | None = None
+        self._cleaner: CleanerService | None = None
         self._socket_api: SocketApi | None = None
         self._http: HttpServer | None = None
         self._failover_task: asyncio.Task[None] | None = None
@@ -110,8 +112,12 @@ class Broker:
                                     nats_port, fence, self._executor)
         if self._cluster is not None:
             metadata.add_listener(self._on_metadata_change)  # before any await
+        cleaner = self._cleaner = CleanerService(
+            roles.replicas, threads=self.config.cleaner_threads,
+            buffer_bytes=self.config.cleaner_buffer_bytes,
+            backoff_ms=self.config.cleaner_backoff_ms)
         admin = Admin(self.config, metadata, self._cluster, roles, self.metrics,
-                      self.nats_url, nats_port)
+                      self.nats_url, nats_port, cleaner)
         self._socket_api = SocketApi(self.config, self.metrics, self._dispatcher(admin, roles))
         await self._socket_api.start()
         if self.config.http_port >= 0:
@@ -129,6 +135,7 @@ class Broker:
                 await metadata.propose(RegisterBroker(me))
             metadata.add_listener(self._on_metadata_change)
         await roles.enable()
+        cleaner.start()
         write_atomic(self.data_dir / READY_FILE, json.dumps(self.describe_self()).encode())
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
 
@@ -186,6 +193,8 @@ class Broker:
             await self._socket_api.stop()
         if self._http is not None:
             await self._http.stop()
+        if self._cleaner is not None:
+            await self._cleaner.stop()
         if roles is not None:
             await roles.stop_all()
         if self._cluster is not None:

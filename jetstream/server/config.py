@@ -56,6 +56,11 @@ class BrokerConfig:
     ingest_batch_bytes_max: int = 8 * MiB
     #: Appended batches waiting for fsync/commit before ingest pauses.
     ingest_inflight_batches_max: int = 64
+    #: Log cleaner (compacted streams): passes running at once (threads), the memory of one
+    #: pass's offset map, and how long the cleaner sleeps when no partition is due.
+    cleaner_threads: int = 1
+    cleaner_buffer_bytes: int = 128 * MiB
+    cleaner_backoff_ms: int = 15_000
     #: How often retention runs and the high watermark is checkpointed.
     retention_check_ms: int = 30_000
     checkpoint_interval_ms: int = 5_000
@@ -103,6 +108,9 @@ class BrokerConfig:
         _range(self, "ingest_batch_bytes_max", 1024, 512 * MiB)
         _range(self, "ingest_inflight_batches_max", 1, 100_000)
         _range(self, "retention_check_ms", 10, 86_400_000)
+        _range(self, "cleaner_threads", 1, 64)
+        _range(self, "cleaner_buffer_bytes", 64 * 1024, 64 * 1024 * MiB)
+        _range(self, "cleaner_backoff_ms", 10, 86_400_000)
         _range(self, "checkpoint_interval_ms", 10, 86_400_000)
         _range(self, "open_files_max", 16, 1_000_000)
         _range(self, "replica_lag_ms_max", 10, 3_600_000)

@@ -249,7 +249,7 @@ class PartitionFollower:
             if bound < offset <= self.log.log_end_offset:
                 piece = FileSlice(-1, 0, 0, offset, offset)  # ahead of the HW: wait for it
             else:
-                piece = self.log.read(offset, max_bytes, upper_bound=bound)
+                piece = self.log.read(offset, max_bytes, upper_bound=bound, skip_empty=True)
             remaining = deadline - time.monotonic()
             if piece.length or remaining <= 0 or self._stopping:
                 return piece

@@ -191,8 +191,9 @@ def record_from_json(item: object, i: int) -> Record:
     headers = item.get("headers") or {}
     if not isinstance(headers, Mapping):
         raise ProtocolError(f"messages[{i}].headers must be an object", field="headers")
+    value = item.get("value")
     return Record(
-        unb64(item.get("value"), f"messages[{i}].value"),
+        None if value is None else unb64(value, f"messages[{i}].value"),  # null: a tombstone
         None if key is None else unb64(key, f"messages[{i}].key"),
         {str(k): unb64(v, f"messages[{i}].headers.{k}") for k, v in headers.items()},
     )

@@ -257,6 +257,7 @@ class PartitionLeader:
         # The hot loop of ingest: plain tuples, locals, no calls a message can do without.
         new_record = tuple.__new__
         refuse_all = self._refuse_all()
+        value: bytes | None  # None: a tombstone (an envelope's nil value)
         for subject, reply, nats_headers, data in msgs:
             envelope = decode_envelope(data) if data.startswith(ENVELOPE_PREFIX) else None
             if envelope is None:
@@ -269,7 +270,7 @@ class PartitionLeader:
                 headers = envelope.headers
                 policy = envelope.ack_policy or default_policy
                 batch_ack = envelope.batch_ack
-            if len(value) > max_bytes:
+            if value is not None and len(value) > max_bytes:
                 if inbox:
                     errors.append((inbox, corr, RecordTooLarge(len(value), max_bytes)))
                 self.metrics.errors += 1
@@ -509,7 +510,9 @@ class PartitionLeader:
             if bound < offset <= self.log.log_end_offset:
                 piece = FileSlice(-1, 0, 0, offset, offset)  # ahead of the HW: wait for it
             else:
-                piece = self.log.read(offset, max_bytes, upper_bound=bound)
+                # Consumers pass over batches compaction emptied; a replica copies them.
+                piece = self.log.read(offset, max_bytes, upper_bound=bound,
+                                      skip_empty=committed)
             remaining = deadline - time.monotonic()
             if piece.length or remaining <= 0 or self._stopping or (
                     hw_seen is not None and self.high_watermark > hw_seen):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
 from pathlib import Path
@@ -129,6 +129,16 @@ class Roles:
                 self._logs.pop(key).close()
 
     # -- lookups ----------------------------------------------------------------------------
+
+    def replicas(self) -> Iterator[tuple[PartitionKey, StreamConfig, Log, int]]:
+        """Each partition replica held here with a role: its stream, open log and high
+        watermark (the leader's, or the one a follower last learned)."""
+        streams = self._metadata.state.streams
+        for key, log_ in list(self._logs.items()):
+            stream = streams.get(key[0])
+            role = self.leaders.get(key) or self.followers.get(key)
+            if stream is not None and role is not None:
+                yield key, stream, log_, role.high_watermark
 
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
         """This broker's leader of the partition, else UnknownStream, UnknownPartition or

@@ -21,6 +21,7 @@ deleted file stays readable through an open descriptor.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -77,6 +78,19 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def is_sealed_run(segments: Sequence[Segment], replaced: Sequence[Segment]) -> bool:
+    """Whether `replaced` still stands in `segments` (the log's, oldest first) as consecutive
+    sealed segments, each ending where the next begins: what the cleaner read is still
+    there."""
+    start = next((i for i, s in enumerate(segments) if s is replaced[0]), -1)
+    end = start + len(replaced)
+    if start < 0 or end >= len(segments):  # gone, or the last one is the active segment
+        return False
+    run = segments[start:end + 1]
+    return all(a is b for a, b in zip(run, replaced, strict=False)) and all(
+        a.next_offset == b.base_offset for a, b in itertools.pairwise(run))
 
 
 def swap_in(directory: Path, cleaned: Path, base_offset: int, replaced: Sequence[Segment],

@@ -518,6 +518,19 @@ class Log:
 
     # -- compaction ---------------------------------------------------------------------------
 
+    def roll_if_older(self, first_timestamp_before_ms: int, high_watermark: int) -> bool:
+        """Roll the active segment if it holds records, all of them below `high_watermark`,
+        the first older than `first_timestamp_before_ms` (so an idle compacted partition's
+        last segment becomes cleanable). True when it rolled."""
+        with self._lock:
+            self._check_open()
+            active = self._segments.active
+            if (active.size == 0 or active.next_offset > high_watermark
+                    or not 0 <= active.first_timestamp < first_timestamp_before_ms):
+                return False
+            self._roll_locked()
+            return True
+
     def sealed_segments(self) -> list[Segment]:
         """The sealed segments, oldest first (a snapshot: the log cleaner plans on it)."""
         with self._lock:
@@ -531,16 +544,7 @@ class Log:
         truncated, or no longer sealed."""
         with self._lock:
             self._check_open()
-            run = self._segments.since(0)
-            try:
-                start = next(i for i, s in enumerate(run) if s is replaced[0])
-            except StopIteration:
-                start = -1
-            if start < 0 or run[start:start + len(replaced)] != list(replaced) or (
-                start + len(replaced) >= len(run)
-            ) or any(a.next_offset != b.base_offset
-                     for a, b in zip(replaced, run[start + 1:start + len(replaced) + 1],
-                                     strict=True)):
+            if not cleaning.is_sealed_run(self._segments.since(0), replaced):
                 cleaned.unlink(missing_ok=True)
                 raise SegmentsChanged(f"segments of {self.directory} changed while cleaning")
             new = cleaning.swap_in(self.directory, cleaned, replaced[0].base_offset, replaced,

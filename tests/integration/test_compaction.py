@@ -1,0 +1,103 @@
+"""A compacted stream on a real broker: the cleaner runs on its own, readers see the latest
+value of every key, tombstones delete keys, and stream info and metrics show the cleaner."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import jetstream
+from jetstream.client import Client, PublishMessage, Start
+from jetstream.server.process import BrokerProcess
+
+KEYS = 20
+UPDATES = 1500
+
+
+@pytest.fixture
+def cleaning_broker(tmp_path: Path, nats_url: str) -> Iterator[BrokerProcess]:
+    process = BrokerProcess(tmp_path / "broker", nats_url,
+                            extra_args=("--cleaner-backoff-ms", "50"))
+    try:
+        yield process.start()
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+async def kv(cleaning_broker: BrokerProcess) -> AsyncIterator[Client]:
+    async with jetstream.connect(cleaning_broker.address) as client:
+        yield client
+
+
+async def partition_compaction(broker: BrokerProcess, stream: str) -> dict | None:
+    """The broker's cleaner facts of partition 0 (from its stream description)."""
+    async with httpx.AsyncClient(base_url=broker.http_url, timeout=30) as http:
+        answer = await http.get(f"/streams/{stream}")
+        answer.raise_for_status()
+        found: dict | None = answer.json()["partitions"][0].get("compaction")
+        return found
+
+
+async def wait_for_passes(broker: BrokerProcess, stream: str, passes: int,
+                          timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = await partition_compaction(broker, stream)
+        if stats is not None and stats["passes"] >= passes:
+            return stats
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {passes} cleaning passes within {timeout_s} s: {stats}")
+        await asyncio.sleep(0.05)
+
+
+async def test_the_cleaner_keeps_the_latest_value_of_every_key(kv: Client,
+                                                              cleaning_broker: BrokerProcess
+                                                              ) -> None:
+    await kv.create_stream("table", "table.in", cleanup_policy="compact",
+                           segment_bytes_max=4096, min_cleanable_dirty_ratio=0.01,
+                           delete_retention_ms=0)
+    messages = [PublishMessage("table.in", b"v%05d" % i, key=b"k%02d" % (i % KEYS))
+                for i in range(UPDATES)]
+    await kv.publish_batch(messages, window=200)
+    deleted = await kv.delete("table", b"k00")
+    assert deleted is not None
+    stats = await wait_for_passes(cleaning_broker, "table", 1)
+    assert stats["records_removed"] > 0 and stats["failed"] is None
+    assert 0.0 <= stats["dirty_ratio"] <= 1.0
+
+    seen = [msg async for msg in kv.subscribe("table", start=Start.EARLIEST, stop="latest")]
+    offsets = [msg.offset for msg in seen]
+    assert offsets == sorted(set(offsets))
+    assert len(seen) < UPDATES  # compacted
+    latest: dict[bytes, bytes | None] = {}
+    for msg in seen:
+        assert msg.key is not None
+        latest[msg.key] = msg.value
+    expected = {b"k%02d" % k: b"v%05d" % (UPDATES - KEYS + k) for k in range(1, KEYS)}
+    assert {k: v for k, v in latest.items() if v is not None} == expected
+    assert latest.get(b"k00") is None  # deleted: its tombstone, or nothing at all
+
+    async with httpx.AsyncClient(base_url=cleaning_broker.http_url, timeout=30) as http:
+        metrics = (await http.get("/metrics")).text
+        assert "jetstream_cleaner_passes_total" in metrics
+        passes = next(float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith("jetstream_cleaner_passes_total "))
+        assert passes >= 1
+        described = (await http.get("/streams/table")).json()
+        assert described["partitions"][0]["compaction"]["records_removed"] > 0
+
+
+async def test_a_delete_stream_is_not_compacted(kv: Client,
+                                                cleaning_broker: BrokerProcess) -> None:
+    await kv.create_stream("plain", "plain.in", segment_bytes_max=4096)
+    await kv.publish_batch([PublishMessage("plain.in", b"x" * 50, key=b"same")
+                            for _ in range(300)], window=100)
+    assert await partition_compaction(cleaning_broker, "plain") is None
+    seen = [msg async for msg in kv.subscribe("plain", start=Start.EARLIEST, stop="latest")]
+    assert len(seen) == 300
