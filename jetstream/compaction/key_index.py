@@ -1,0 +1,269 @@
+"""The key index of a compacted partition replica: key -> its latest committed record, in LMDB.
+
+Theory of operation: the index holds, for every key seen in the partition's committed records
+(below the high watermark: never ahead of it), the newest record's offset, timestamp, value
+(None for a tombstone) and headers — so `get` answers from one LMDB lookup, without reading
+the log. The broker applies committed records in batches as the high watermark moves
+(`apply`, from a worker thread: one write transaction per batch), and records the offset it
+covers (`covered_offset`: the next offset to index). Compaction never removes a key's newest
+record, so it never makes the index stale; retention may remove old records, whose entries
+keep their values.
+
+The index is a cache of the log: it is not fsynced per write (`sync=False`), and after a crash
+it may be behind the log (it is caught up from `covered_offset`) — or ahead of it, when a power
+loss cost the log its unsynced tail: `needs_rebuild` then says so and the broker rebuilds it
+from the log. An environment that cannot be opened or read, of another format version or
+another incarnation of the stream (`created_version`), is wiped and rebuilt.
+
+    LMDB key   b"\\x00" + key                          (keys up to SHORT_KEY_MAX bytes)
+               b"\\x01" + blake2b-256(key)             (longer keys: LMDB keys are bounded)
+    LMDB value ENTRY header, then [key (hashed entries only)], value, headers
+      ENTRY: offset i64 | timestamp_ms i64 | flags u8 (1: tombstone, 2: hashed key) |
+             key_length u32 | value_length u32 | header_count u16
+      header: name_length u16 | name (UTF-8) | value_length u32 | value
+    meta: b"format" -> u32, b"created_version" -> u64, b"covered" -> u64
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import lmdb
+
+from jetstream.errors import JetstreamError
+from jetstream.stream.format import StoredRecord
+
+FORMAT_VERSION = 1
+SHORT_KEY_MAX = 400
+KEYS_LIMIT_MAX = 10_000
+DEFAULT_MAP_SIZE_BYTES = 1 << 30
+
+ENTRY = struct.Struct(">qqBIIH")
+assert ENTRY.size == 27
+HEADER_NAME = struct.Struct(">H")
+HEADER_VALUE = struct.Struct(">I")
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+_TOMBSTONE = 1
+_HASHED = 2
+_SHORT = b"\x00"
+_LONG = b"\x01"
+_NO_HEADERS: Mapping[str, bytes] = MappingProxyType({})
+
+
+class KeyIndexFull(JetstreamError):
+    """The key index reached its size limit (`key_index_bytes_max`): get answers what it held
+    before. Raise the limit and restart the broker; the index catches up from the log."""
+
+    code = "KEY_INDEX_FULL"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """A key's newest committed record; `value` None: the key was deleted (a tombstone)."""
+
+    offset: int
+    timestamp_ms: int
+    value: bytes | None
+    headers: Mapping[str, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyIndexStats:
+    entries: int
+    covered_offset: int
+
+
+def lmdb_key(key: bytes) -> bytes:
+    if len(key) <= SHORT_KEY_MAX:
+        return _SHORT + key
+    return _LONG + hashlib.blake2b(key, digest_size=32).digest()
+
+
+def encode_entry(record: StoredRecord) -> bytes:
+    assert record.key is not None
+    hashed = len(record.key) > SHORT_KEY_MAX
+    flags = (_TOMBSTONE if record.value is None else 0) | (_HASHED if hashed else 0)
+    value = record.value or b""
+    parts = [ENTRY.pack(record.offset, record.timestamp_ms, flags,
+                        len(record.key) if hashed else 0, len(value), len(record.headers))]
+    if hashed:
+        parts.append(record.key)
+    parts.append(value)
+    for name, hvalue in record.headers.items():
+        bname = name.encode()
+        parts += [HEADER_NAME.pack(len(bname)), bname, HEADER_VALUE.pack(len(hvalue)), hvalue]
+    return b"".join(parts)
+
+
+def decode_entry(data: bytes) -> tuple[IndexEntry, bytes | None]:
+    """The entry, and the full key when it is stored (hashed entries)."""
+    offset, timestamp, flags, key_len, value_len, header_count = ENTRY.unpack_from(data)
+    p = ENTRY.size
+    key = None
+    if flags & _HASHED:
+        key, p = data[p:p + key_len], p + key_len
+    value = None if flags & _TOMBSTONE else data[p:p + value_len]
+    p += value_len
+    headers: Mapping[str, bytes] = _NO_HEADERS
+    if header_count:
+        decoded = {}
+        for _ in range(header_count):
+            (n,) = HEADER_NAME.unpack_from(data, p)
+            name = data[p + 2:p + 2 + n].decode()
+            p += 2 + n
+            (v,) = HEADER_VALUE.unpack_from(data, p)
+            decoded[name] = data[p + 4:p + 4 + v]
+            p += 4 + v
+        headers = decoded
+    return IndexEntry(offset, timestamp, value, headers), key
+
+
+class KeyIndex:
+    def __init__(self, directory: Path, env: lmdb.Environment, rebuilt_reason: str | None
+                 ) -> None:
+        self.directory = directory
+        self._env = env
+        self._entries = env.open_db(b"entries")
+        self._meta = env.open_db(b"meta")
+        #: Why the index was wiped when opened (None: it was usable as it was).
+        self.rebuilt_reason = rebuilt_reason
+
+    @classmethod
+    def open(cls, directory: Path, *, created_version: int,
+             map_size_bytes: int = DEFAULT_MAP_SIZE_BYTES) -> KeyIndex:
+        reason = None
+        try:
+            index = cls._open_env(directory, map_size_bytes, None)
+            found = index._read_meta()
+            if found != (FORMAT_VERSION, created_version):
+                reason = ("new index" if found is None else
+                          f"format/stream version {found}, wanted "
+                          f"{(FORMAT_VERSION, created_version)}")
+                index.close()
+        except (lmdb.Error, struct.error) as exc:
+            reason = f"unreadable: {exc}"
+        if reason is None:
+            return index
+        shutil.rmtree(directory, ignore_errors=True)
+        index = cls._open_env(directory, map_size_bytes, reason)
+        with index._env.begin(write=True) as txn:
+            txn.put(b"format", U32.pack(FORMAT_VERSION), db=index._meta)
+            txn.put(b"created_version", U64.pack(created_version), db=index._meta)
+            txn.put(b"covered", U64.pack(0), db=index._meta)
+        return index
+
+    @classmethod
+    def _open_env(cls, directory: Path, map_size_bytes: int, reason: str | None) -> KeyIndex:
+        directory.mkdir(parents=True, exist_ok=True)
+        # A cache of the log: not fsynced per write (sync/metasync off); see the docstring.
+        env = lmdb.open(str(directory), map_size=map_size_bytes, subdir=True, max_dbs=2,
+                        sync=False, metasync=False, lock=True, readahead=False)
+        return cls(directory, env, reason)
+
+    def _read_meta(self) -> tuple[int, int] | None:
+        with self._env.begin(db=self._meta) as txn:
+            fmt = txn.get(b"format", db=self._meta)
+            version = txn.get(b"created_version", db=self._meta)
+            covered = txn.get(b"covered", db=self._meta)
+        if fmt is None or version is None or covered is None:
+            return None
+        return U32.unpack(fmt)[0], U64.unpack(version)[0]
+
+    @property
+    def covered_offset(self) -> int:
+        """The next offset to index: every committed record below it is in the index."""
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(b"covered", db=self._meta)
+        return 0 if raw is None else U64.unpack(raw)[0]
+
+    def needs_rebuild(self, high_watermark: int) -> bool:
+        """The index covers more than the log holds committed: the log lost its unsynced
+        tail in a crash, and entries may name records that are gone."""
+        return self.covered_offset > high_watermark
+
+    def apply(self, records: Iterable[StoredRecord], covered: int) -> None:
+        """Index `records` (committed, in offset order) and record that everything below
+        `covered` is indexed. Replays are harmless: an older record never replaces a newer
+        entry."""
+        entries, get, put = self._entries, None, None
+        try:
+            with self._env.begin(write=True) as txn:
+                get, put = txn.get, txn.put
+                for record in records:
+                    if record.key is None:
+                        continue
+                    key = lmdb_key(record.key)
+                    old = get(key, db=entries)
+                    if old is not None and ENTRY.unpack_from(old)[0] >= record.offset:
+                        continue
+                    put(key, encode_entry(record), db=entries)
+                put(b"covered", U64.pack(covered), db=self._meta)
+        except lmdb.MapFullError:
+            raise KeyIndexFull(f"the key index in {self.directory} is full",
+                               directory=str(self.directory)) from None
+
+    def get(self, key: bytes) -> IndexEntry | None:
+        """The key's newest committed record (value None: deleted), or None: never seen."""
+        with self._env.begin(db=self._entries) as txn:
+            raw = txn.get(lmdb_key(key), db=self._entries)
+        if raw is None:
+            return None
+        entry, stored_key = decode_entry(raw)
+        if stored_key is not None and stored_key != key:
+            return None  # another key with the same 256-bit hash: not this one
+        return entry
+
+    def keys(self, prefix: bytes = b"", after: bytes | None = None, limit: int = 1000
+             ) -> list[bytes]:
+        """Live keys (not deleted) starting with `prefix`, after `after`, at most `limit`:
+        short keys in byte order, then long keys (over SHORT_KEY_MAX bytes) in hash order."""
+        if not 0 < limit <= KEYS_LIMIT_MAX:
+            raise ValueError(f"limit must be in [1, {KEYS_LIMIT_MAX}]")
+        out: list[bytes] = []
+        with self._env.begin(db=self._entries) as txn, txn.cursor(db=self._entries) as cursor:
+            start = lmdb_key(after) if after is not None else _SHORT + prefix
+            if not cursor.set_range(start):
+                return out
+            if after is not None and cursor.key() == start and not cursor.next():
+                return out
+            while True:
+                lkey, raw = cursor.item()
+                if lkey[:1] == _SHORT and not lkey[1:].startswith(prefix):
+                    # Past the prefix's run of short keys: on to the long keys.
+                    if not cursor.set_range(_LONG):
+                        break
+                    continue
+                entry, stored = decode_entry(raw)
+                key = stored if stored is not None else lkey[1:]
+                if entry.value is not None and key.startswith(prefix):
+                    out.append(key)
+                    if len(out) >= limit:
+                        break
+                if not cursor.next():
+                    break
+        return out
+
+    def stats(self) -> KeyIndexStats:
+        with self._env.begin(db=self._entries) as txn:
+            entries = txn.stat(self._entries)["entries"]
+        return KeyIndexStats(entries, self.covered_offset)
+
+    def reset(self) -> None:
+        """Forget every entry (covered 0): the broker rebuilds from the log."""
+        with self._env.begin(write=True) as txn:
+            txn.drop(self._entries, delete=False)
+            txn.put(b"covered", U64.pack(0), db=self._meta)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def remove(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
