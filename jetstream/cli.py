@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jetstream.cli_client import UsageError, add_commands, normalize_argv
+from jetstream.cli_kv import KeyArgumentError
 from jetstream.errors import JetstreamError
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     except JetstreamError as exc:
         print(f"error [{exc.code}]: {exc}", file=sys.stderr)
         return 1
-    except UsageError as exc:
+    except (UsageError, KeyArgumentError) as exc:
         print(f"{getattr(args, 'prog', 'jetstream')}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -34,6 +34,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from jetstream import cli_kv
+
 if TYPE_CHECKING:  # the client (and nats-py) load only when a client command runs
     from jetstream.client import Ack, Client, Message, Start, StreamInfo, Subscription
 
@@ -595,6 +597,9 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     leaf(group, "info", stream_info, "describe a stream and its partitions").add_argument("name")
     leaf(group, "delete", stream_delete, "delete a stream and its data").add_argument("name")
 
+    cli_kv.add_arguments(
+        leaf(commands, "get", cli_kv.get, "print a key's latest value (compacted streams)"),
+        leaf(commands, "keys", cli_kv.keys, "list live keys (compacted streams)"))
     publish = leaf(commands, "pub", pub, "publish a message (or --count N) and print the ack")
     publish.add_argument("subject")
     publish.add_argument("value", nargs="?", help="the message; '-' reads standard input")

@@ -10,6 +10,7 @@
 
 from jetstream.client.client import Client, connect, parse_brokers
 from jetstream.client.connection import BrokerConnection
+from jetstream.client.kv import Entry
 from jetstream.client.subscription import Subscription
 from jetstream.client.types import (
     Ack,
@@ -29,6 +30,7 @@ __all__ = [
     "BrokerConnection",
     "BrokerInfo",
     "Client",
+    "Entry",
     "FetchResult",
     "Message",
     "PartitionInfo",

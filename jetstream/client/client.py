@@ -30,6 +30,7 @@ from jetstream.client.connection import (
     REQUESTS_MAX,
     split_address,
 )
+from jetstream.client.kv import KeyValueReads
 from jetstream.client.publishing import Publishing
 from jetstream.client.reading import Reading
 from jetstream.client.routing import Router
@@ -77,7 +78,7 @@ def connect(
                   requests_max=requests_max, metadata_max_age_s=metadata_max_age_s)
 
 
-class Client(StreamAdmin, Publishing, Reading):
+class Client(StreamAdmin, Publishing, Reading, KeyValueReads):
     """A Jetstream client. Build it with `connect`; every method is a coroutine except
     `subscribe`, which returns an async iterator."""
 

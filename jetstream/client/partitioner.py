@@ -23,6 +23,12 @@ from jetstream.protocol import names
 VALID_SUBJECTS_MAX = 4096
 
 
+def key_partition(key: bytes, partition_count: int) -> int:
+    """The partition of a keyed message: every message of a key goes to one partition, and
+    reads by key look there."""
+    return zlib.crc32(key) % partition_count
+
+
 class Partitioner:
     """Picks the subject each message is published on; `partition_count(subject)` is the
     partition count of the stream that reads exactly `subject` (1: do not partition)."""
@@ -42,7 +48,7 @@ class Partitioner:
         if count <= 1:
             return subject
         if key is not None:
-            chosen = zlib.crc32(key) % count
+            chosen = key_partition(key, count)
         else:
             chosen = next(self._round_robin.setdefault(subject, itertools.count())) % count
         return names.partition_subject(subject, chosen)

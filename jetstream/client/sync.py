@@ -130,6 +130,8 @@ class SyncClient:
     delete_stream = _blocking(Client.delete_stream)
     update_stream = _blocking(Client.update_stream)
     delete = _blocking(Client.delete)
+    get = _blocking(Client.get)
+    keys = _blocking(Client.keys)
     list_streams = _blocking(Client.list_streams)
     stream_info = _blocking(Client.stream_info)
     publish = _blocking(Client.publish)

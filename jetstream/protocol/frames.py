@@ -101,6 +101,8 @@ class Op(enum.IntEnum):
     FETCH_OFFSET = 10
     REPORT_LEADER_FAILURE = 11
     UPDATE_STREAM = 12
+    GET = 13
+    KEYS = 14
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -50,6 +50,7 @@ from jetstream.protocol.fields import (
     PARTITION_MAX,
     PORT_MAX,
 )
+from jetstream.protocol.kv import GetRequest, GetResponse, KeysRequest, KeysResponse
 from jetstream.protocol.offsets import CommitOffsetRequest, FetchOffsetRequest, FetchOffsetResponse
 from jetstream.protocol.reads import (
     EARLIEST_TIMESTAMP,
@@ -93,7 +94,11 @@ __all__ = [
     "FetchOffsetResponse",
     "FetchRequest",
     "FetchResponse",
+    "GetRequest",
+    "GetResponse",
     "Isolation",
+    "KeysRequest",
+    "KeysResponse",
     "ListStreamsRequest",
     "ListStreamsResponse",
     "Message",

@@ -32,6 +32,7 @@ from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
+from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics, render
 from jetstream.server.nats_port import NatsPort
 from jetstream.server.partition import PartitionLeader
@@ -43,7 +44,7 @@ class Admin:
 
     def __init__(self, config: BrokerConfig, metadata: LocalMetadata | RaftMetadata,
                  cluster: Cluster | None, roles: Roles, metrics: BrokerMetrics,
-                 nats_url: str, nats: NatsPort, cleaner: CleanerService) -> None:
+                 nats_url: str, nats: NatsPort, cleaner: CleanerService, kv: KeyValue) -> None:
         self._config = config
         self._metadata = metadata
         self._cluster = cluster
@@ -52,6 +53,7 @@ class Admin:
         self._nats_url = nats_url
         self._nats = nats
         self._cleaner = cleaner
+        self._kv = kv
 
     @property
     def broker_id(self) -> int:
@@ -87,6 +89,12 @@ class Admin:
         config: StreamConfig = await self._metadata.propose(UpdateStream(name, dict(changes)))
         await self._roles.reconcile()
         return config
+
+    async def get_key(self, request: m.GetRequest) -> m.GetResponse:
+        return await self._kv.get(request)
+
+    async def list_keys(self, request: m.KeysRequest) -> m.KeysResponse:
+        return await self._kv.keys(request)
 
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
         return self._roles.leader_for(stream, partition)

@@ -101,6 +101,14 @@ class HttpServices(Protocol):
         """Change settings of a stream; the new config."""
         ...
 
+    async def get_key(self, request: m.GetRequest) -> m.GetResponse:
+        """A key's newest committed record in a compacted stream."""
+        ...
+
+    async def list_keys(self, request: m.KeysRequest) -> m.KeysResponse:
+        """Live keys of a compacted stream's partition."""
+        ...
+
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
         """This broker's leader of the partition, else UnknownStream, UnknownPartition or
         NotLeader."""

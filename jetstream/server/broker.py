@@ -49,6 +49,7 @@ from jetstream.server.config import BrokerConfig
 from jetstream.server.epoch_fence import EpochFence
 from jetstream.server.fetch import Reads
 from jetstream.server.http_api import HttpServer
+from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics
 from jetstream.server.nats_port import NatsPort, NatsPyNats, connect_nats
 from jetstream.server.roles import Roles
@@ -73,6 +74,7 @@ class Broker:
         self._cluster: Cluster | None = None
         self._roles: Roles | None = None
         self._cleaner: CleanerService | None = None
+        self._kv: KeyValue | None = None
         self._socket_api: SocketApi | None = None
         self._http: HttpServer | None = None
         self._failover_task: asyncio.Task[None] | None = None
@@ -116,9 +118,14 @@ class Broker:
             roles.replicas, threads=self.config.cleaner_threads,
             buffer_bytes=self.config.cleaner_buffer_bytes,
             backoff_ms=self.config.cleaner_backoff_ms)
+        kv = self._kv = KeyValue(roles, self._executor,
+                                 interval_ms=self.config.key_index_interval_ms,
+                                 map_size_bytes=self.config.key_index_bytes_max,
+                                 wait_ms_max=self.config.fetch_wait_ms_max)
         admin = Admin(self.config, metadata, self._cluster, roles, self.metrics,
-                      self.nats_url, nats_port, cleaner)
-        self._socket_api = SocketApi(self.config, self.metrics, self._dispatcher(admin, roles))
+                      self.nats_url, nats_port, cleaner, kv)
+        self._socket_api = SocketApi(self.config, self.metrics,
+                                     self._dispatcher(admin, roles, kv))
         await self._socket_api.start()
         if self.config.http_port >= 0:
             self._http = HttpServer(self.config, admin)
@@ -136,10 +143,11 @@ class Broker:
             metadata.add_listener(self._on_metadata_change)
         await roles.enable()
         cleaner.start()
+        kv.start()
         write_atomic(self.data_dir / READY_FILE, json.dumps(self.describe_self()).encode())
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
 
-    def _dispatcher(self, admin: Admin, roles: Roles) -> Dispatcher:
+    def _dispatcher(self, admin: Admin, roles: Roles, kv: KeyValue) -> Dispatcher:
         """The socket API's table: which service answers each request type."""
         reads = Reads(self.config, roles)
         cluster = self._cluster
@@ -152,6 +160,8 @@ class Broker:
             on(m.CreateStreamRequest, admin.on_create_stream),
             on(m.DeleteStreamRequest, admin.on_delete_stream),
             on(m.UpdateStreamRequest, admin.on_update_stream),
+            on(m.GetRequest, kv.get),
+            on(m.KeysRequest, kv.keys),
             on(m.ReportLeaderFailureRequest,
                cluster.on_report_request if cluster is not None else _no_failover),
         ]))
@@ -195,6 +205,8 @@ class Broker:
             await self._http.stop()
         if self._cleaner is not None:
             await self._cleaner.stop()
+        if self._kv is not None:
+            await self._kv.stop()
         if roles is not None:
             await roles.stop_all()
         if self._cluster is not None:

@@ -61,6 +61,10 @@ class BrokerConfig:
     cleaner_threads: int = 1
     cleaner_buffer_bytes: int = 128 * MiB
     cleaner_backoff_ms: int = 15_000
+    #: Key indexes of compacted partitions: how often they catch up with the high watermark
+    #: (a read waiting for an offset wakes them at once), and each one's size limit.
+    key_index_interval_ms: int = 100
+    key_index_bytes_max: int = 1024 * MiB
     #: How often retention runs and the high watermark is checkpointed.
     retention_check_ms: int = 30_000
     checkpoint_interval_ms: int = 5_000
@@ -111,6 +115,8 @@ class BrokerConfig:
         _range(self, "cleaner_threads", 1, 64)
         _range(self, "cleaner_buffer_bytes", 64 * 1024, 64 * 1024 * MiB)
         _range(self, "cleaner_backoff_ms", 10, 86_400_000)
+        _range(self, "key_index_interval_ms", 1, 3_600_000)
+        _range(self, "key_index_bytes_max", 1 * MiB, 1024 * 1024 * MiB)
         _range(self, "checkpoint_interval_ms", 10, 86_400_000)
         _range(self, "open_files_max", 16, 1_000_000)
         _range(self, "replica_lag_ms_max", 10, 3_600_000)

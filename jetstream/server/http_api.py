@@ -27,6 +27,7 @@ import binascii
 import contextlib
 import json
 import socket
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -38,7 +39,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
-from jetstream.errors import JetstreamError, MethodNotAllowed, ProtocolError, UnknownRoute
+from jetstream.errors import (
+    JetstreamError,
+    KeyNotFound,
+    MethodNotAllowed,
+    ProtocolError,
+    UnknownRoute,
+)
+from jetstream.protocol import messages as m
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.server.api import HttpServices
 from jetstream.server.config import BrokerConfig
@@ -53,6 +61,10 @@ START_TIMEOUT_S = 10.0
 
 _STATUS = {
     "UNKNOWN_STREAM": 404,
+    "KEY_NOT_FOUND": 404,
+    "NOT_COMPACTED": 400,
+    "OFFSET_NOT_INDEXED": 503,
+    "KEY_INDEX_FULL": 507,
     "UNKNOWN_PARTITION": 404,
     "UNKNOWN_ROUTE": 404,
     "METHOD_NOT_ALLOWED": 405,
@@ -169,6 +181,10 @@ def b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode()
 
 
+def _key_param(text: str, encoded: bool, field: str) -> bytes:
+    return unb64(text, field) if encoded else text.encode()
+
+
 def unb64(text: object, field: str) -> bytes:
     if not isinstance(text, str):
         raise ProtocolError(f"{field} must be a base64 string", field=field)
@@ -261,6 +277,35 @@ def build_app(services: HttpServices) -> FastAPI:
         segment size and age, ack policy, fsync, largest message); answers its description."""
         await services.update_stream(name, changes)
         return services.describe_stream(name)
+
+    @app.get("/streams/{name}/keys", responses=_errors(400, 404, 503))
+    async def list_keys(name: str, prefix: str = "", after: str | None = None,
+                        limit: int = Query(1000, ge=1, le=10_000),
+                        partition: int = Query(0, ge=0),
+                        encoded: bool = Query(False, alias="base64")) -> dict[str, Any]:
+        """Live keys of a compacted stream's partition (text, or base64 with `base64=true`
+        for the query's keys and the answer's)."""
+        request = m.KeysRequest(name, partition, _key_param(prefix, encoded, "prefix"),
+                                None if after is None else _key_param(after, encoded, "after"),
+                                limit)
+        found = (await services.list_keys(request)).keys
+        return {"keys": [b64(k) if encoded else k.decode(errors="replace") for k in found]}
+
+    @app.get("/streams/{name}/keys/{key}", responses=_errors(400, 404, 503))
+    async def get_key(name: str, key: str, min_offset: int = Query(-1, ge=-1),
+                      wait_ms: int = Query(0, ge=0, le=60_000),
+                      encoded: bool = Query(False, alias="base64")) -> dict[str, Any]:
+        """A key's newest committed value (404 KEY_NOT_FOUND when it has none). `key` is
+        text, or base64 with `base64=true`; the value comes as base64."""
+        raw = _key_param(key, encoded, "key")
+        count = len(services.describe_stream(name)["partitions"])
+        request = m.GetRequest(name, zlib.crc32(raw) % count, raw, min_offset, wait_ms)
+        answer = await services.get_key(request)
+        if not answer.found or answer.deleted:
+            raise KeyNotFound(name, raw.decode(errors="replace"))
+        return {"stream": name, "partition": request.partition, "offset": answer.offset,
+                "timestamp_ms": answer.timestamp_ms, "key": b64(raw), "value": b64(answer.value),
+                "headers": {k: b64(v) for k, v in answer.headers.items()}}
 
     @app.delete("/streams/{name}", status_code=204, responses=_errors(400, 404, 503))
     async def delete_stream(name: str) -> Response:

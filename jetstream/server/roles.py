@@ -130,6 +130,13 @@ class Roles:
 
     # -- lookups ----------------------------------------------------------------------------
 
+    def stream(self, name: str) -> StreamConfig | None:
+        return self._metadata.state.streams.get(name)
+
+    def log_version(self, key: PartitionKey) -> int:
+        """The created_version of the stream the partition's open log belongs to."""
+        return self._log_versions[key]
+
     def replicas(self) -> Iterator[tuple[PartitionKey, StreamConfig, Log, int]]:
         """Each partition replica held here with a role: its stream, open log and high
         watermark (the leader's, or the one a follower last learned)."""

@@ -101,3 +101,88 @@ async def test_a_delete_stream_is_not_compacted(kv: Client,
     assert await partition_compaction(cleaning_broker, "plain") is None
     seen = [msg async for msg in kv.subscribe("plain", start=Start.EARLIEST, stop="latest")]
     assert len(seen) == 300
+
+
+async def test_get_and_keys_read_the_latest_committed_values(kv: Client) -> None:
+    from jetstream.errors import NotCompacted
+
+    await kv.create_stream("users", "users.in", partitions=3, cleanup_policy="compact",
+                           segment_bytes_max=4096, min_cleanable_dirty_ratio=0.01)
+    acks = await kv.publish_batch(
+        [PublishMessage("users.in", b"name-%d-%d" % (k, v), key=b"user-%02d" % k)
+         for v in range(5) for k in range(30)], window=100)
+    assert len(acks) == 150
+    # Read-your-writes: a get at least as new as the last ack of its key.
+    last = await kv.publish("users.in", b"renamed", key=b"user-07",
+                            headers={"by": b"admin"})
+    assert last is not None
+    entry = await kv.get("users", b"user-07", min_offset=last.offset)
+    assert entry is not None
+    assert (entry.value, entry.offset, entry.partition) == (b"renamed", last.offset,
+                                                           last.partition)
+    assert dict(entry.headers) == {"by": b"admin"}
+    for k in (0, 13, 29):
+        got = await kv.get("users", b"user-%02d" % k, min_offset=0)
+        assert got is not None and got.value == b"name-%d-4" % k
+    deleted = await kv.delete("users", b"user-13")
+    assert deleted is not None
+    assert await kv.get("users", b"user-13", min_offset=deleted.offset) is None
+    assert await kv.get("users", b"nobody") is None
+    everyone = await kv.keys("users", prefix=b"user-")
+    assert everyone == sorted(b"user-%02d" % k for k in range(30) if k != 13)
+    first = await kv.keys("users", limit=10)
+    rest = await kv.keys("users", after=first[-1], limit=100)
+    assert first + rest == everyone
+    await kv.create_stream("log", "log.in")
+    with pytest.raises(NotCompacted):
+        await kv.get("log", b"k")
+
+
+def test_get_and_keys_from_the_cli_and_http(cleaning_broker: BrokerProcess) -> None:
+    import base64
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JETSTREAM_BROKERS": cleaning_broker.address}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "jetstream", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    assert cli("stream", "create", "conf", "--subject", "conf.in",
+               "--cleanup-policy", "compact").returncode == 0
+    for key, value in (("color", "red"), ("size", "xl"), ("color", "blue")):
+        published = cli("pub", "conf.in", value, "--key", key, "--json")
+        assert published.returncode == 0, published.stderr
+    offset = json.loads(published.stdout.strip().splitlines()[-1])["offset"]
+    got = cli("get", "conf", "color", "--min-offset", str(offset))
+    assert (got.returncode, got.stdout.strip()) == (0, "blue"), got.stderr
+    document = json.loads(cli("get", "conf", "size", "--json").stdout)
+    assert (document["value"], document["found"]) == ("xl", True)
+    missing = cli("get", "conf", "weight")
+    assert missing.returncode == 1 and "not found" in missing.stdout
+    assert cli("keys", "conf").stdout.split() == ["color", "size"]
+    assert cli("keys", "conf", "--prefix", "si").stdout.split() == ["size"]
+    assert cli("get", "conf", "%%%", "--base64").returncode == 2
+
+    with httpx.Client(base_url=cleaning_broker.http_url, timeout=30) as http:
+        answer = http.get("/streams/conf/keys/color", params={"min_offset": offset})
+        assert answer.status_code == 200, answer.text
+        assert base64.b64decode(answer.json()["value"]) == b"blue"
+        assert http.get("/streams/conf/keys").json() == {"keys": ["color", "size"]}
+        encoded = base64.b64encode(b"size").decode()  # "c2l6ZQ==": safe in a path
+        answer = http.get(f"/streams/conf/keys/{encoded}", params={"base64": "true"})
+        assert answer.status_code == 200, answer.text
+        assert base64.b64decode(answer.json()["value"]) == b"xl"
+        gone = http.get("/streams/conf/keys/weight")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "KEY_NOT_FOUND"
+        deleted = http.post("/streams/conf/partitions/0/messages",
+                            json={"messages": [{"key": base64.b64encode(b"size").decode(),
+                                                "value": None}]})
+        assert deleted.status_code == 200, deleted.text
+        tombstone = deleted.json()["offsets"][-1]
+        gone = http.get("/streams/conf/keys/size",
+                        params={"min_offset": tombstone, "wait_ms": 5000})
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "KEY_NOT_FOUND"

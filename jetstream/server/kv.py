@@ -1,0 +1,180 @@
+"""Reads by key: the key indexes of the compacted partition replicas held here, kept up with
+their high watermarks, and the GET and KEYS handlers.
+
+Theory of operation: one task keeps every compacted replica's key index
+(jetstream.compaction.key_index, `<log dir>/keys.lmdb`) up to the replica's high watermark
+(the leader's, or what a follower last learned), never past it: each round reads the newly
+committed records from the log and applies them in a worker thread, one LMDB transaction per
+read. Rounds run every `key_index_interval_ms`, and at once when a read waits for an offset
+(`min_offset`: read-your-writes after a publish ack). An index that covers more than the log
+holds committed (the log lost its unsynced tail in a crash) is reset and rebuilt from the
+log; one of another incarnation of the stream is wiped when opened. Lookups run on the event
+loop: an LMDB read is a few microseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+from jetstream.compaction.key_index import KeyIndex
+from jetstream.errors import NotCompacted, OffsetNotIndexed, UnknownStream
+from jetstream.protocol import messages as m
+from jetstream.raft_meta.model import StreamConfig
+from jetstream.server.epoch_fence import PartitionKey
+from jetstream.server.roles import Roles
+from jetstream.stream import format as fmt
+from jetstream.stream.log import Log
+from jetstream.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+INDEX_DIRECTORY = "keys.lmdb"
+#: Bytes of log read per index transaction while catching up.
+CATCH_UP_READ_BYTES = 1 << 20
+
+
+def catch_up(index: KeyIndex, log_: Log, high_watermark: int) -> int:
+    """Index the log's committed records from the index's covered offset to the HW (a
+    worker thread). Returns the new covered offset."""
+    if index.needs_rebuild(high_watermark):
+        log.warning("%s: key index ahead of the log (lost tail): rebuilding", log_.directory)
+        index.reset()
+    covered = max(index.covered_offset, log_.log_start_offset)
+    while covered < high_watermark:
+        data, next_offset = log_.read_bytes(covered, CATCH_UP_READ_BYTES,
+                                            upper_bound=high_watermark, skip_empty=True)
+        if next_offset <= covered:
+            break
+        index.apply(fmt.decode_batches(data, min_offset=covered), next_offset)
+        covered = next_offset
+    return covered
+
+
+class KeyValue:
+    def __init__(self, roles: Roles, executor: Executor, *, interval_ms: int,
+                 map_size_bytes: int, wait_ms_max: int) -> None:
+        self._roles = roles
+        self._executor = executor
+        self._interval_s = interval_ms / 1000
+        self._map_size = map_size_bytes
+        self._wait_ms_max = wait_ms_max
+        self._indexes: dict[PartitionKey, tuple[Log, KeyIndex]] = {}
+        self._covered: dict[PartitionKey, int] = {}
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="key-index")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
+        for _log, index in self._indexes.values():
+            index.close()
+        self._indexes.clear()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._round()
+            except Exception:  # a bad round must not end reads by key for good
+                log.exception("key index round failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+
+    async def _round(self) -> None:
+        loop = asyncio.get_running_loop()
+        held: set[PartitionKey] = set()
+        for key, stream, log_, hw in self._roles.replicas():
+            if not stream.cleanup_policy.compacts:
+                continue
+            held.add(key)
+            current = self._indexes.get(key)
+            if current is None or current[0] is not log_:  # new, or its log was reopened
+                if current is not None:
+                    current[1].close()
+                index = await loop.run_in_executor(self._executor, self._open, log_, key)
+                self._indexes[key] = (log_, index)
+                self._covered[key] = index.covered_offset
+            if self._covered.get(key, 0) != hw:
+                index = self._indexes[key][1]
+                covered = await loop.run_in_executor(self._executor, catch_up, index, log_, hw)
+                self._covered[key] = covered
+        for key in set(self._indexes) - held:
+            self._indexes.pop(key)[1].close()
+            self._covered.pop(key, None)
+        async with self._progress:
+            self._progress.notify_all()
+
+    def _open(self, log_: Log, key: PartitionKey) -> KeyIndex:
+        index = KeyIndex.open(log_.directory / INDEX_DIRECTORY,
+                              created_version=self._roles.log_version(key),
+                              map_size_bytes=self._map_size)
+        if index.rebuilt_reason is not None:
+            log.info("%s/%d: key index built from the log (%s)", key[0], key[1],
+                     index.rebuilt_reason)
+        return index
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _compacted(self, stream: str) -> StreamConfig:
+        config = self._roles.stream(stream)
+        if config is None:
+            raise UnknownStream(stream)
+        if not config.cleanup_policy.compacts:
+            raise NotCompacted(stream)
+        return config
+
+    def _check_role(self, stream: str, partition: int, read_replica: bool) -> None:
+        key = (stream, partition)
+        if read_replica and key not in self._roles.leaders:
+            follower = self._roles.followers.get(key)
+            if follower is not None and follower.in_sync:
+                return
+        self._roles.leader_for(stream, partition)  # raises NotLeader & co.
+
+    async def _index(self, key: PartitionKey, until: Callable[[int], bool],
+                     wait_ms: int) -> KeyIndex:
+        """The partition's index once `until(covered)` holds (waiting up to `wait_ms`)."""
+        deadline = time.monotonic() + min(wait_ms, self._wait_ms_max) / 1000
+        async with self._progress:
+            while key not in self._indexes or not until(self._covered.get(key, 0)):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wake.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._progress.wait(), remaining)
+        found = self._indexes.get(key)
+        if found is None:
+            raise OffsetNotIndexed(key[0], key[1], 0, 0)
+        return found[1]
+
+    async def get(self, request: m.GetRequest) -> m.GetResponse:
+        self._compacted(request.stream)
+        self._check_role(request.stream, request.partition, request.read_replica)
+        key = (request.stream, request.partition)
+        index = await self._index(key, lambda covered: covered > request.min_offset,
+                                  request.max_wait_ms if request.min_offset >= 0 else 0)
+        covered = self._covered.get(key, 0)
+        if request.min_offset >= covered:
+            raise OffsetNotIndexed(request.stream, request.partition, request.min_offset,
+                                   covered)
+        entry = index.get(request.key)
+        if entry is None:
+            return m.GetResponse(False, covered_offset=covered)
+        return m.GetResponse(True, entry.value is None, entry.offset, entry.timestamp_ms,
+                             entry.value, dict(entry.headers), covered)
+
+    async def keys(self, request: m.KeysRequest) -> m.KeysResponse:
+        self._compacted(request.stream)
+        self._check_role(request.stream, request.partition, request.read_replica)
+        index = await self._index((request.stream, request.partition), lambda c: True, 0)
+        return m.KeysResponse(index.keys(request.prefix, request.after, request.limit))
