@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from jetstream import cli_kv
+from jetstream.cli_text import bytes_fields, text
 
 if TYPE_CHECKING:  # the client (and nats-py) load only when a client command runs
     from jetstream.client import Ack, Client, Message, Start, StreamInfo, Subscription
@@ -132,53 +132,29 @@ def iso_time(timestamp_ms: int) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _bytes_fields(name: str, data: bytes | None) -> dict[str, Any]:
-    """`{name: text}` when `data` is UTF-8, else `{name_base64: ...}`."""
-    if data is None:
-        return {name: None}
-    try:
-        return {name: data.decode()}
-    except UnicodeDecodeError:
-        return {f"{name}_base64": base64.b64encode(data).decode()}
-
-
 def message_json(msg: Message) -> dict[str, Any]:
     """A message as JSON: key, value and header values as text when UTF-8, else under
     `<name>_base64`."""
     out: dict[str, Any] = {"stream": msg.stream, "partition": msg.partition,
                            "offset": msg.offset, "timestamp_ms": msg.timestamp_ms,
                            "time": iso_time(msg.timestamp_ms), "subject": msg.subject}
-    out.update(_bytes_fields("key", msg.key))
-    out.update(_bytes_fields("value", msg.value))
+    out.update(bytes_fields("key", msg.key))
+    out.update(bytes_fields("value", msg.value))
     headers: dict[str, str] = {}
     binary: dict[str, str] = {}
     for name, value in msg.headers.items():
-        for field, text in _bytes_fields(name, value).items():
-            (headers if field == name else binary)[name] = text
+        for field, shown in bytes_fields(name, value).items():
+            (headers if field == name else binary)[name] = shown
     out["headers"] = headers
     if binary:
         out["headers_base64"] = binary
     return out
 
 
-# Control characters would break the one-message-per-line layout.
-_ESCAPES = {i: f"\\x{i:02x}" for i in [*range(32), 127]} | {
-    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
-
-
-def _text(data: bytes | None) -> str:
-    if data is None:
-        return "-"
-    try:
-        return data.decode().translate(_ESCAPES)
-    except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(data).decode()
-
-
 def message_text(msg: Message) -> str:
     """`OFFSET  TIME  KEY  VALUE`: text when UTF-8 (control characters escaped), else
     `base64:...`; KEY is `-` when the message has none."""
-    return f"{msg.offset}  {iso_time(msg.timestamp_ms)}  {_text(msg.key)}  {_text(msg.value)}"
+    return f"{msg.offset}  {iso_time(msg.timestamp_ms)}  {text(msg.key)}  {text(msg.value)}"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -8,7 +8,9 @@ import argparse
 import base64
 import binascii
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from jetstream.cli_text import bytes_fields, text
 
 if TYPE_CHECKING:
     from jetstream.client import Client
@@ -27,22 +29,6 @@ def _key(text: str, encoded: bool) -> bytes:
         raise KeyArgumentError(f"{text!r} is not base64") from None
 
 
-def _field(name: str, data: bytes | None) -> dict[str, Any]:
-    if data is None:
-        return {name: None}
-    try:
-        return {name: data.decode()}
-    except UnicodeDecodeError:
-        return {f"{name}_base64": base64.b64encode(data).decode()}
-
-
-def _human(data: bytes) -> str:
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(data).decode()
-
-
 async def get(js: Client, args: argparse.Namespace) -> int:
     """Print the key's newest committed value; exit 1 when it has none."""
     key = _key(args.key, args.base64)
@@ -50,17 +36,17 @@ async def get(js: Client, args: argparse.Namespace) -> int:
                          read_isr_replica=args.read_replica)
     if entry is None:
         if args.json:
-            print(json.dumps({"stream": args.stream, **_field("key", key), "found": False}))
+            print(json.dumps({"stream": args.stream, **bytes_fields("key", key), "found": False}))
         else:
-            print(f"{_human(key)}: not found", flush=True)
+            print(f"{text(key)}: not found", flush=True)
         return 1
     if args.json:
         print(json.dumps({"stream": args.stream, "partition": entry.partition,
                           "offset": entry.offset, "timestamp_ms": entry.timestamp_ms,
-                          **_field("key", key), **_field("value", entry.value),
+                          **bytes_fields("key", key), **bytes_fields("value", entry.value),
                           "found": True}), flush=True)
     else:
-        print(_human(entry.value), flush=True)
+        print(text(entry.value), flush=True)
     return 0
 
 
@@ -70,10 +56,10 @@ async def keys(js: Client, args: argparse.Namespace) -> int:
                           limit=args.limit)
     if args.json:
         print(json.dumps({"stream": args.stream,
-                          "keys": [_field("key", k) for k in found]}), flush=True)
+                          "keys": [bytes_fields("key", k) for k in found]}), flush=True)
     else:
         for key in found:
-            print(_human(key), flush=True)
+            print(text(key), flush=True)
     return 0
 
 
