@@ -27,6 +27,7 @@ another incarnation of the stream (`created_version`), is wiped and rebuilt.
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import struct
 from collections.abc import Iterable, Mapping
@@ -37,12 +38,18 @@ from types import MappingProxyType
 import lmdb
 
 from jetstream.errors import JetstreamError
+from jetstream.stream import format as fmt
 from jetstream.stream.format import StoredRecord
+from jetstream.stream.log import Log
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 SHORT_KEY_MAX = 400
 KEYS_LIMIT_MAX = 10_000
 DEFAULT_MAP_SIZE_BYTES = 1 << 30
+#: Bytes of log read per index transaction while catching up.
+CATCH_UP_READ_BYTES = 1 << 20
 
 ENTRY = struct.Struct(">qqBIIH")
 assert ENTRY.size == 27
@@ -267,3 +274,20 @@ class KeyIndex:
 
 def remove(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def catch_up(index: KeyIndex, log_: Log, high_watermark: int) -> int:
+    """Index the log's committed records from the index's covered offset to the HW (a
+    worker thread). Returns the new covered offset."""
+    if index.needs_rebuild(high_watermark):
+        log.warning("%s: key index ahead of the log (lost tail): rebuilding", log_.directory)
+        index.reset()
+    covered = max(index.covered_offset, log_.log_start_offset)
+    while covered < high_watermark:
+        data, next_offset = log_.read_bytes(covered, CATCH_UP_READ_BYTES,
+                                            upper_bound=high_watermark, skip_empty=True)
+        if next_offset <= covered:
+            break
+        index.apply(fmt.decode_batches(data, min_offset=covered), next_offset)
+        covered = next_offset
+    return covered

@@ -21,38 +21,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 
-from jetstream.compaction.key_index import KeyIndex
+from jetstream.compaction.key_index import KeyIndex, catch_up
 from jetstream.errors import NotCompacted, OffsetNotIndexed, UnknownStream
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.epoch_fence import PartitionKey
 from jetstream.server.roles import Roles
-from jetstream.stream import format as fmt
 from jetstream.stream.log import Log
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 INDEX_DIRECTORY = "keys.lmdb"
-#: Bytes of log read per index transaction while catching up.
-CATCH_UP_READ_BYTES = 1 << 20
-
-
-def catch_up(index: KeyIndex, log_: Log, high_watermark: int) -> int:
-    """Index the log's committed records from the index's covered offset to the HW (a
-    worker thread). Returns the new covered offset."""
-    if index.needs_rebuild(high_watermark):
-        log.warning("%s: key index ahead of the log (lost tail): rebuilding", log_.directory)
-        index.reset()
-    covered = max(index.covered_offset, log_.log_start_offset)
-    while covered < high_watermark:
-        data, next_offset = log_.read_bytes(covered, CATCH_UP_READ_BYTES,
-                                            upper_bound=high_watermark, skip_empty=True)
-        if next_offset <= covered:
-            break
-        index.apply(fmt.decode_batches(data, min_offset=covered), next_offset)
-        covered = next_offset
-    return covered
 
 
 class KeyValue:
