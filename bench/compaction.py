@@ -1,0 +1,389 @@
+"""Compacted streams as a KV table, side by side with NATS KV: puts, gets, the cleaner.
+
+Theory of operation
+- Data: `records` puts over `keys` keys (128 B values), `tombstone_share` of them deletes
+  (a tombstone: our null value; NATS KV's `KV-Operation: DEL`), the same sequence for both.
+- Puts, pipelined (at most `window` un-acked), with one raw nats-py publisher for both sides
+  (`nc.publish(subject, payload, reply=inbox.N)`, one `inbox.*` subscription; FIELD_NOTES:
+  the fastest nats-py path): ours is an envelope carrying the key to a compacted stream with
+  ack `leader` and fsync `interval`; NATS KV is a bucket (history 1, file storage, its
+  default fsync) written on `$KV.<bucket>.<key>`. Same durability: both ack once the leader
+  stored it, neither fsyncs per put.
+- Gets: our client's `get` (socket API, key index) against nats-py `kv.get` (a request to
+  the stream's direct-get or last-message API), one at a time (p50/p99) and from
+  `concurrency` tasks at once (gets/s), on random keys.
+- The load generator: the same raw publisher against core NATS with a no-op responder, and
+  nats-py requests to that responder from `concurrency` tasks. Both must run at least twice
+  the rate of what they measure, or the figures measure the client.
+- The cleaner, in process on a log built from the same data (segments of 64 MiB): one pass,
+  records/s and MB/s, bytes after/before. On the broker: time from the end of the puts to
+  the first finished pass (segments of 4 MiB, `min_cleanable_dirty_ratio` 0.1).
+- Ingest latency with and without cleaning: sequential acked publishes to another stream of
+  the same broker while a pass runs over a large compacted partition, and once it is idle.
+- CPU: utime+stime of the broker and of nats-server per put and per get (/proc).
+
+Run from the repository root: `python -m bench.compaction [--quick] [--json]`. With
+--json the last line is one JSON object; a full run also writes it to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+
+import jetstream
+from jetstream.compaction.cleaner import clean
+from jetstream.compaction.planner import CleaningPlan, CompactionConfig
+from jetstream.natsd import NatsServer
+from jetstream.protocol.envelope import encode_envelope
+from jetstream.server.process import BrokerProcess
+from jetstream.stream import format as fmt
+from jetstream.stream.config import FsyncPolicy, LogConfig, MiB
+from jetstream.stream.log import Log
+
+RESULTS_DIR = Path(__file__).parent / "results"
+JsonObject = dict[str, Any]
+VALUE = b"v" * 128
+STREAM, SUBJECT, BUCKET = "kv", "kv.in", "kv"
+ACK_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    records: int
+    keys: int
+    tombstone_share: float
+    gets: int
+    concurrency: int
+    window: int
+    probe_publishes: int
+
+
+FULL = Plan(1_000_000, 10_000, 0.1, 20_000, 16, 1000, 2000)
+QUICK = Plan(200_000, 10_000, 0.1, 4000, 16, 1000, 500)
+
+
+def workload(plan: Plan) -> list[tuple[bytes, bytes | None]]:
+    rng = random.Random(2026)
+    return [(b"key-%05d" % rng.randrange(plan.keys),
+             None if rng.random() < plan.tombstone_share else VALUE)
+            for _ in range(plan.records)]
+
+
+def percentile(samples: Sequence[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))] if ordered else 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- the publisher and the gets, shared by both sides ---------------------------------------
+
+Message = tuple[str, bytes, dict[str, str] | None]
+
+
+async def publish_pipelined(url: str, messages: Sequence[Message], window: int) -> JsonObject:
+    nc = await nats.connect(url, pending_size=64 * MiB)
+    inbox = nc.new_inbox()
+    count = len(messages)
+    sent_at = [0.0] * count
+    latencies: list[float] = []
+    state = {"in_flight": 0, "acked": 0, "errors": 0}
+    room, done = asyncio.Event(), asyncio.Event()
+
+    async def on_ack(msg: Any) -> None:
+        latencies.append(time.perf_counter() - sent_at[int(msg.subject.rsplit(".", 1)[1])])
+        if b'"error"' in msg.data:
+            state["errors"] += 1
+        state["acked"] += 1
+        state["in_flight"] -= 1
+        room.set()
+        if state["acked"] == count:
+            done.set()
+
+    await nc.subscribe(inbox + ".*", cb=on_ack, pending_msgs_limit=10 * window)
+    await nc.flush()
+    started = time.perf_counter()
+    for i, (subject, payload, headers) in enumerate(messages):
+        while state["in_flight"] >= window:
+            room.clear()
+            await room.wait()
+        sent_at[i] = time.perf_counter()
+        state["in_flight"] += 1
+        await nc.publish(subject, payload, reply=f"{inbox}.{i}", headers=headers)
+    await asyncio.wait_for(done.wait(), ACK_TIMEOUT_S)
+    elapsed = time.perf_counter() - started
+    await nc.close()
+    return {"puts_per_s": count / elapsed, "ack_p50_ms": percentile(latencies, 50) * 1000,
+            "ack_p99_ms": percentile(latencies, 99) * 1000, "errors": state["errors"]}
+
+
+async def timed_gets(get: Callable[[bytes], Awaitable[object]], keys: Sequence[bytes],
+                     concurrency: int) -> JsonObject:
+    """One at a time for latencies, then `concurrency` tasks for throughput."""
+    latencies = []
+    for key in keys:
+        started = time.perf_counter()
+        await get(key)
+        latencies.append(time.perf_counter() - started)
+    queue = list(keys)
+
+    async def worker() -> None:
+        while queue:
+            await get(queue.pop())
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return {"get_p50_ms": percentile(latencies, 50) * 1000,
+            "get_p99_ms": percentile(latencies, 99) * 1000,
+            "gets_per_s": len(keys) / (time.perf_counter() - started)}
+
+
+# -- the sides -------------------------------------------------------------------------------
+
+def our_messages(data: Sequence[tuple[bytes, bytes | None]]) -> list[Message]:
+    return [(SUBJECT, encode_envelope(value, key), None) for key, value in data]
+
+
+def kv_messages(data: Sequence[tuple[bytes, bytes | None]]) -> list[Message]:
+    return [(f"$KV.{BUCKET}.{key.decode()}", VALUE, None) if value is not None
+            else (f"$KV.{BUCKET}.{key.decode()}", b"", {"KV-Operation": "DEL"})
+            for key, value in data]
+
+
+async def until_first_pass(broker: BrokerProcess, deadline_s: float = 300) -> float:
+    """The monotonic time at which the broker shows its first finished pass."""
+    started = time.monotonic()
+    async with httpx.AsyncClient(base_url=broker.http_url, timeout=30) as http:
+        while time.monotonic() - started < deadline_s:
+            part = (await http.get(f"/streams/{STREAM}")).json()["partitions"][0]
+            if (part.get("compaction") or {}).get("passes", 0) >= 1:
+                return time.monotonic()
+            await asyncio.sleep(0.05)
+    raise RuntimeError("no cleaning pass")
+
+
+async def probe_latencies(js: jetstream.Client, count: int) -> list[float]:
+    out = []
+    for i in range(count):
+        started = time.perf_counter()
+        await js.publish("probe.in", b"%d" % i)
+        out.append(time.perf_counter() - started)
+    return out
+
+
+async def ours(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | None]]) -> JsonObject:
+    keys = [random.Random(7).choice(data)[0] for _ in range(plan.gets)]
+    with NatsServer(work / "nats-ours") as server:
+        broker = BrokerProcess(work / "broker", server.url, extra_args=(
+            "--cleaner-backoff-ms", "100", "--key-index-interval-ms", "20")).start()
+        try:
+            async with jetstream.connect(broker.address) as js:
+                await js.create_stream(STREAM, SUBJECT, cleanup_policy="compact",
+                                       fsync="interval", ack_policy="leader",
+                                       segment_bytes_max=4 * MiB,
+                                       min_cleanable_dirty_ratio=0.1)
+                await js.create_stream("probe", "probe.in", fsync="interval",
+                                       ack_policy="leader")
+                idle = await probe_latencies(js, plan.probe_publishes)
+                cpu0 = cpu_seconds(broker.pid)
+                puts = await publish_pipelined(server.url, our_messages(data), plan.window)
+                puts["cpu_us_per_put"] = (cpu_seconds(broker.pid) - cpu0) / plan.records * 1e6
+                ended = time.monotonic()
+                cleaning = await probe_latencies(js, plan.probe_publishes)
+                first_pass_s = await until_first_pass(broker) - ended
+                last = await js.publish(SUBJECT, VALUE, key=keys[0])
+                assert last is not None
+                await js.get(STREAM, keys[0], min_offset=last.offset, wait_ms=60_000)
+                cpu0 = cpu_seconds(broker.pid)
+                gets = await timed_gets(lambda k: js.get(STREAM, k), keys, plan.concurrency)
+                gets["cpu_us_per_get"] = (cpu_seconds(broker.pid) - cpu0) / (
+                    2 * plan.gets) * 1e6
+        finally:
+            broker.stop()
+    return {**puts, **gets, "time_to_first_clean_s": first_pass_s,
+            "ingest_p99_ms_idle": percentile(idle, 99) * 1000,
+            "ingest_p99_ms_cleaning": percentile(cleaning, 99) * 1000}
+
+
+async def nats_kv(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | None]]
+                  ) -> JsonObject:
+    keys = [random.Random(7).choice(data)[0] for _ in range(plan.gets)]
+    with NatsServer(work / "nats-kv", jetstream=True) as server:
+        nc = await nats.connect(server.url)
+        try:
+            js = nc.jetstream()
+            kv = await js.create_key_value(bucket=BUCKET, history=1)
+            cpu0 = cpu_seconds(server.pid)
+            puts = await publish_pipelined(server.url, kv_messages(data), plan.window)
+            puts["cpu_us_per_put"] = (cpu_seconds(server.pid) - cpu0) / plan.records * 1e6
+
+            async def get(key: bytes) -> object:
+                try:
+                    return await kv.get(key.decode())
+                except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                    return None
+
+            cpu0 = cpu_seconds(server.pid)
+            gets = await timed_gets(get, keys, plan.concurrency)
+            gets["cpu_us_per_get"] = (cpu_seconds(server.pid) - cpu0) / (2 * plan.gets) * 1e6
+        finally:
+            await nc.close()
+    return {**puts, **gets}
+
+
+RESPONDER = """
+import asyncio, sys
+import nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    async def on(msg):
+        await nc.publish(msg.reply, b'+OK')
+    await nc.subscribe("sink.>", cb=on, pending_msgs_limit=1_000_000)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+async def generator_ceiling(work: Path, plan: Plan) -> JsonObject:
+    """The publisher and the request loop against a no-op responder on core NATS."""
+    with NatsServer(work / "nats-core") as server:
+        responder = subprocess.Popen(  # noqa: ASYNC220 - returns at once
+            [sys.executable, "-c", RESPONDER, server.url], stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL)
+        try:
+            assert responder.stdout is not None
+            if responder.stdout.readline().strip() != b"ready":
+                raise RuntimeError("responder did not start")
+            count = min(plan.records, 200_000)
+            puts = await publish_pipelined(server.url, [("sink.x", VALUE, None)] * count,
+                                           plan.window)
+            nc = await nats.connect(server.url)
+            try:
+                async def get(key: bytes) -> object:
+                    return await nc.request("sink.get", key, timeout=10)
+
+                gets = await timed_gets(get, [b"k"] * plan.gets, plan.concurrency)
+            finally:
+                await nc.close()
+        finally:
+            responder.kill()
+            responder.wait()
+    return {"puts_per_s": puts["puts_per_s"], "gets_per_s": gets["gets_per_s"]}
+
+
+def cleaner_in_process(work: Path, data: Sequence[tuple[bytes, bytes | None]]) -> JsonObject:
+    log = Log(work / "cleaner-log", LogConfig(segment_bytes_max=64 * MiB,
+                                              fsync=FsyncPolicy.NEVER))
+    try:
+        for i in range(0, len(data), 1000):
+            log.append([fmt.Record(v, k) for k, v in data[i:i + 1000]], 0)
+        log.roll_if_older(2**62, log.log_end_offset)
+        before = log.size_bytes
+        plan = CleaningPlan("bench", 0, log.sealed_segments()[-1].next_offset, 1.0, False)
+        result = clean(log, plan, CompactionConfig(segment_bytes_max=64 * MiB), 128 * MiB)
+        return {"clean_records_per_s": result.stats.records_read / result.duration_s,
+                "clean_mb_per_s": result.stats.bytes_read / result.duration_s / 1e6,
+                "bytes_after_over_before": log.size_bytes / before,
+                "records_removed": result.stats.records_removed,
+                "pass_s": result.duration_s}
+    finally:
+        log.delete()
+
+
+async def run(plan: Plan) -> JsonObject:
+    data = workload(plan)
+    with tempfile.TemporaryDirectory(prefix="bench-compaction-") as tmp:
+        work = Path(tmp)
+        print("cleaner in process ...", file=sys.stderr, flush=True)
+        cleaner = cleaner_in_process(work, data)
+        print("ours ...", file=sys.stderr, flush=True)
+        our = await ours(work, plan, data)
+        print("NATS KV ...", file=sys.stderr, flush=True)
+        peer = await nats_kv(work, plan, data)
+        print("load generator ceiling ...", file=sys.stderr, flush=True)
+        ceiling = await generator_ceiling(work, plan)
+    best = max(our["puts_per_s"], peer["puts_per_s"])
+    best_gets = max(our["gets_per_s"], peer["gets_per_s"])
+    return {
+        "plan": asdict(plan),
+        "cleaner": cleaner, "ours": our, "nats_kv": peer, "generator": ceiling,
+        "clean_records_per_s": cleaner["clean_records_per_s"],
+        "bytes_after_over_before": cleaner["bytes_after_over_before"],
+        "get_p99_ms": our["get_p99_ms"],
+        "get_vs_nats_kv": our["gets_per_s"] / peer["gets_per_s"],
+        "put_vs_nats_kv": our["puts_per_s"] / peer["puts_per_s"],
+        "ingest_p99_ratio_cleaning": our["ingest_p99_ms_cleaning"] / max(
+            our["ingest_p99_ms_idle"], 1e-9),
+        "generator_put_headroom": ceiling["puts_per_s"] / best,
+        "generator_get_headroom": ceiling["gets_per_s"] / best_gets,
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def table(r: JsonObject) -> str:
+    o, p, c = r["ours"], r["nats_kv"], r["cleaner"]
+    rows = [
+        f"{'':28} {'ours':>12} {'NATS KV':>12} {'ratio':>7}",
+        (f"{'puts/s (pipelined)':28} {o['puts_per_s']:12,.0f} {p['puts_per_s']:12,.0f} "
+        f"{r['put_vs_nats_kv']:7.2f}  (target >= 1.0)"),
+        f"{'put ack p99 ms':28} {o['ack_p99_ms']:12.2f} {p['ack_p99_ms']:12.2f}",
+        f"{'CPU us/put (server)':28} {o['cpu_us_per_put']:12.1f} {p['cpu_us_per_put']:12.1f}",
+        f"{'get p50 ms':28} {o['get_p50_ms']:12.3f} {p['get_p50_ms']:12.3f}",
+        (f"{'get p99 ms':28} {o['get_p99_ms']:12.3f} {p['get_p99_ms']:12.3f}  "
+        f"(target ours <= 1 ms)"),
+        (f"{'gets/s (concurrent)':28} {o['gets_per_s']:12,.0f} {p['gets_per_s']:12,.0f} "
+        f"{r['get_vs_nats_kv']:7.2f}  (target >= 1.5)"),
+        f"{'CPU us/get (server)':28} {o['cpu_us_per_get']:12.1f} {p['cpu_us_per_get']:12.1f}",
+        "",
+        (f"cleaner: {c['clean_records_per_s']:,.0f} records/s, {c['clean_mb_per_s']:.1f} MB/s "
+        f"(target >= 300k records/s), bytes after/before {c['bytes_after_over_before']:.3f}, "
+        f"first pass on the broker {o['time_to_first_clean_s']:.2f} s after the puts"),
+        (f"ingest p99 while cleaning / idle: {o['ingest_p99_ms_cleaning']:.2f} / "
+        f"{o['ingest_p99_ms_idle']:.2f} ms = {r['ingest_p99_ratio_cleaning']:.2f} "
+        "(target <= 1.2)"),
+        (f"load generator headroom (core NATS no-op / best measured): puts "
+        f"{r['generator_put_headroom']:.2f}x, gets {r['generator_get_headroom']:.2f}x "
+        "(>= 2 needed)"),
+    ]
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a run of a minute or two")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args(argv)
+    results = asyncio.run(run(QUICK if args.quick else FULL))
+    print(table(results))
+    if not args.quick:
+        RESULTS_DIR.mkdir(exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        (RESULTS_DIR / f"compaction-{stamp}.json").write_text(json.dumps(results, indent=1))
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
