@@ -11,7 +11,8 @@ Theory of operation
   what makes the cleaner fast); a batch that lost some records is re-encoded with the same
   base offset, leader epoch and range, and its survivors' offsets, timestamps, keys, values,
   headers and subjects; a run of batches that lost every record becomes one empty batch
-  holding the run's range (epoch of its first batch, so epochs never go down).
+  holding the run's range; a run never crosses a change of leader epoch, so every batch
+  keeps the epoch its records were written in.
 """
 
 from __future__ import annotations
@@ -94,6 +95,11 @@ def filter_batches(batches: Iterable[tuple[bytes, int, fmt.BatchHeader]], keep: 
             stats.tombstones_removed += sum(
                 1 for info, k in zip(infos, kept, strict=True) if info[2] and not k)
         if removed == len(infos):
+            if empty is not None and empty.leader_epoch != header.leader_epoch:
+                # A range holder keeps one leader epoch: truncation and followers compare
+                # epochs batch by batch, so a run never crosses an epoch change.
+                yield _written(empty.encode(), stats)
+                empty = None
             if empty is None:
                 empty = _EmptyRun(header.base_offset, header.last_offset, header.leader_epoch,
                                   header.first_timestamp, header.max_timestamp)

@@ -22,12 +22,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
+from jetstream.compaction.planner import CleanupPolicy
 from jetstream.natsd import NatsServer, restartable_ports
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.process import BrokerProcess
@@ -70,12 +71,14 @@ class PartitionView:
 class FaultCluster:
     def __init__(self, work_dir: Path, *, partitions: int = 1,
                  fsync: FsyncPolicy = FsyncPolicy.ALWAYS, rate: int = 400,
-                 seed: int = 0) -> None:
+                 seed: int = 0, compacted_keys: int = 0) -> None:
         self.work_dir = work_dir
         self.partitions = partitions
         self.fsync = fsync
         self.rate = rate
         self.rng = random.Random(seed)
+        #: A compacted stream whose writes go to this many keys (0: a plain stream).
+        self.compacted_keys = compacted_keys
         self.history_path = work_dir / "history.jsonl"
         self.nats: NatsServer | None = None
         self.relays: Relays | None = None
@@ -109,7 +112,7 @@ class FaultCluster:
                 self.work_dir / f"broker{b}", self.nats.url, broker_id=b,
                 extra_args=("--cluster", members, "--raft-routes", ",".join(raft_routes),
                             "--peer-routes", ",".join(peer_routes), "--http-port", "0",
-                            *TUNING))
+                            "--cleaner-backoff-ms", "200", *TUNING))
             broker.port = api_ports[b]
             self.brokers.append(broker)
         for broker in self.brokers:
@@ -122,6 +125,10 @@ class FaultCluster:
     def _create_stream(self) -> None:
         config = StreamConfig(name=STREAM, subject=SUBJECT, partitions=self.partitions,
                               replication_factor=BROKERS, min_isr=2, fsync=self.fsync)
+        if self.compacted_keys:  # small segments, eager cleaning: passes during the faults
+            config = replace(config, cleanup_policy=CleanupPolicy.COMPACT,
+                             segment_bytes_max=4096, min_cleanable_dirty_ratio=0.05,
+                             delete_retention_ms=1000)
         url = self.brokers[0].http_url + "/streams"
         response = self._http.post(url, json=config.to_dict(), timeout=30.0)
         if response.status_code not in (200, 201):
@@ -134,6 +141,8 @@ class FaultCluster:
                 "--nats-url", self.nats.url, "--stream", STREAM, "--subject", SUBJECT,
                 "--partitions", str(self.partitions), "--rate", str(self.rate),
                 "--history", str(self.history_path)]
+        if self.compacted_keys:
+            argv += ["--keys", str(self.compacted_keys), "--delete-every", "7"]
         with open(self.work_dir / "workload.log", "ab") as out:
             self._workload = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL)

@@ -25,19 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from jetstream.stream.config import FsyncPolicy
-from tests.faults.checker import check
+from tests.faults.checker import Report, check
 from tests.faults.cluster import ClusterStuck, FaultCluster
+from tests.faults.compacted import CompactedReport, check_compacted
 from tests.faults.faults import ALL
 
 
 def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
             partitions: int = 1, faults: list[str] | None = None, cycles: int | None = None,
-            log: Any = None) -> dict[str, Any]:
+            log: Any = None, compacted_keys: int = 0) -> dict[str, Any]:
     """Run the mix for `seconds` of load (or exactly `cycles` faults); the checker's report
     plus the run's figures."""
     names = faults or sorted(ALL)
     rng = random.Random(seed)
-    cluster = FaultCluster(work_dir, partitions=partitions, fsync=fsync, seed=seed)
+    cluster = FaultCluster(work_dir, partitions=partitions, fsync=fsync, seed=seed,
+                           compacted_keys=compacted_keys)
     kills: list[tuple[str, float]] = []
     done: Counter[str] = Counter()
     stuck = ""
@@ -62,7 +64,9 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
             done[name] += 1
         replicas = cluster.finish()  # ClusterStuck here: nothing can be checked
         load_seconds = time.time() - load_started
-        report = check(cluster.history(), replicas, kills)
+        report: Report | CompactedReport = (
+            check_compacted(cluster.history(), replicas) if compacted_keys
+            else check(cluster.history(), replicas, kills))
     finally:
         cluster.close()
     result = report.to_dict()
@@ -70,6 +74,7 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
         fault_cycles=sum(done.values()), faults=dict(sorted(done.items())), seed=seed,
         fsync=fsync.value, partitions=partitions, seconds=round(load_seconds, 1),
         acked_per_s=round(report.acked / load_seconds, 1) if load_seconds else 0.0,
+        compacted_keys=compacted_keys,
         stuck=stuck)
     return result
 

@@ -15,6 +15,10 @@ History (JSON lines, wall-clock seconds, one line per event, flushed as written)
 
 A value is written once and never retried, so any value found twice in a log is a duplicate
 made by the cluster, and any value found but never invoked is a phantom.
+
+With `--keys N` (a compacted stream) the writes go to N keys round-robin, every one carrying
+its value in a `w` header too, and with `--delete-every M` every M-th write is a tombstone
+(a null value) of its key; invokes then record the key (`"k"`) and deletes (`"d": 1`).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ async def writer(js: jetstream.Client, args: argparse.Namespace, history: Histor
         due = int((time.monotonic() - started) * args.rate)
         while seq < due and not stop.is_set():
             await inflight.acquire()
-            task = asyncio.create_task(publish(js, f"v{seq}", args, history))
+            task = asyncio.create_task(publish(js, f"v{seq}", args, history, seq))
             task.add_done_callback(lambda _t: inflight.release())
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -68,10 +72,17 @@ async def writer(js: jetstream.Client, args: argparse.Namespace, history: Histor
 
 
 async def publish(js: jetstream.Client, value: str, args: argparse.Namespace,
-                  history: History) -> None:
-    history.write("i", value)
+                  history: History, seq: int) -> None:
+    if args.keys:
+        key = f"k{seq % args.keys}"
+        delete = bool(args.delete_every) and seq % args.delete_every == args.delete_every - 1
+        history.write("i", value, k=key, **({"d": 1} if delete else {}))
+        payload, headers = (None if delete else value.encode()), {"w": value.encode()}
+    else:
+        key, payload, headers = value, value.encode(), None
+        history.write("i", value)
     try:
-        ack = await js.publish(args.subject, value.encode(), key=value.encode(),
+        ack = await js.publish(args.subject, payload, key=key.encode(), headers=headers,
                                ack_policy="all", timeout=PUBLISH_TIMEOUT_S)
     except JetstreamError as exc:
         history.write("f", value, c=exc.code)
@@ -92,7 +103,8 @@ async def consumer(js: jetstream.Client, partition: int, args: argparse.Namespac
             async with js.subscribe(args.stream, partition, start=Start.OFFSET,
                                     offset=next_offset, max_wait_ms=500) as sub:
                 async for message in sub:
-                    history.write("r", message.value.decode(errors="replace"),
+                    written = message.headers.get("w", message.value or b"")
+                    history.write("r", written.decode(errors="replace"),
                                   p=partition, o=message.offset)
                     next_offset = message.offset + 1
                     if stop.is_set():
@@ -135,6 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=400, help="publishes per second")
     parser.add_argument("--inflight", type=int, default=4000, help="most awaiting acks")
     parser.add_argument("--history", required=True)
+    parser.add_argument("--keys", type=int, default=0, help="compacted: write to N keys")
+    parser.add_argument("--delete-every", type=int, default=0, help="every M-th a tombstone")
     return parser.parse_args(argv)
 
 

@@ -231,3 +231,15 @@ def test_filtered_batches_tile_the_same_offsets(batches: list[list[fmt.Record]],
     for original, (_b, _p, header) in zip(encoded, items, strict=True):
         if not any(header.base_offset <= o <= header.last_offset for o in drop):
             assert any(kept is original for kept in out)  # kept whole: the same bytes
+
+
+def test_an_emptied_run_never_crosses_a_leader_epoch() -> None:
+    batches = [fmt.encode_batch(0, 1, [fmt.Record(b"a", b"k")], 5),
+               fmt.encode_batch(1, 1, [fmt.Record(b"b", b"k")], 5),
+               fmt.encode_batch(2, 2, [fmt.Record(b"c", b"k")], 5),
+               fmt.encode_batch(3, 2, [fmt.Record(b"d", b"k")], 6)]
+    items = [(b, 0, fmt.parse_header(b)) for b in batches]
+    out = list(filter_batches(items, lambda offset, key, tomb: offset == 3, PassStats()))
+    headers = [fmt.parse_header(b) for b in out]
+    assert [(h.base_offset, h.last_offset, h.leader_epoch, h.record_count)
+            for h in headers] == [(0, 1, 1, 0), (2, 2, 2, 0), (3, 3, 2, 1)]
