@@ -214,7 +214,7 @@ def _labels_text(labels: Any) -> str:
 def stream_text(info: StreamInfo) -> str:
     config = dict(info.config)
     config["labels"] = _labels_text(info.labels)
-    first = ["name", "subject", "group", "labels", "replication_factor", "min_isr",
+    first = ["name", "subject", "ingest_group", "labels", "replication_factor", "min_isr",
              "ack_policy", "fsync"]
     keys = [k for k in first if k in config] + sorted(k for k in config if k not in first)
     lines = [f"{k.replace('_', ' '):<20}{'-' if config[k] is None else config[k]}"
@@ -231,8 +231,12 @@ def _ids(ids: Sequence[int]) -> str:
 
 
 async def stream_create(js: Client, args: argparse.Namespace) -> int:
+    if args.deprecated_group is not None:
+        print("jetstream: --group is deprecated: use --ingest-group", file=sys.stderr)
+        args.ingest_group = args.ingest_group or args.deprecated_group
     info = await js.create_stream(
-        args.name, args.subject, partitions=args.partitions, group=args.group,
+        args.name, args.subject, partitions=args.partitions,
+        ingest_group=args.ingest_group,
         labels=parse_pairs(args.label, "--label") or None, ack_policy=args.ack_policy,
         fsync=args.fsync, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes,
         retention_messages=args.retention_messages, max_message_bytes=args.max_message_bytes,
@@ -281,8 +285,8 @@ async def stream_list(js: Client, args: argparse.Namespace) -> int:
     selector = parse_selector(args.selector or "")
     streams = [s for s in await js.list_streams() if selector(s.labels)]
     rows = [(s.name, s.subject, s.partition_count, s.replication_factor, s.ack_policy,
-             s.group, _labels_text(s.labels)) for s in streams]
-    human = table(["NAME", "SUBJECT", "PARTITIONS", "RF", "ACK", "GROUP", "LABELS"], rows) \
+             s.ingest_group, _labels_text(s.labels)) for s in streams]
+    human = table(["NAME", "SUBJECT", "PARTITIONS", "RF", "ACK", "INGEST_GROUP", "LABELS"], rows) \
         if streams else "no streams"
     _emit(args, {"streams": [stream_json(s) for s in streams]}, human)
     return 0
@@ -550,7 +554,9 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     create.add_argument("--subject", required=True, help="NATS subject (wildcards allowed)")
     create.add_argument("--partitions", type=int, default=1,
                         help="partition p > 0 reads SUBJECT.p (default 1)")
-    create.add_argument("--group", help="spread the subject's messages over this group's streams")
+    create.add_argument("--ingest-group", help="a load-balance group: the subject's messages are "
+                        "spread over the streams of this group")
+    create.add_argument("--group", dest="deprecated_group", help=argparse.SUPPRESS)
     create.add_argument("--label", action="append", metavar="KEY=VALUE", help="repeatable")
     create.add_argument("--ack-policy", choices=["leader", "all", "none"])
     create.add_argument("--fsync", choices=["always", "interval", "never"])

@@ -15,6 +15,7 @@ the cluster through the client's router.
 from __future__ import annotations
 
 import enum
+import warnings
 from collections.abc import Mapping
 
 from jetstream.client.metadata import partition_of
@@ -50,7 +51,7 @@ class StreamAdmin:
         subject: str,
         *,
         partitions: int = 1,
-        group: str | None = None,
+        ingest_group: str | None = None,
         labels: Mapping[str, str] | None = None,
         ack_policy: AckPolicy | str | None = None,
         fsync: str | None = None,
@@ -67,13 +68,20 @@ class StreamAdmin:
         min_compaction_lag_ms: int | None = None,
         max_compaction_lag_ms: int | None = None,
         delete_retention_ms: int | None = None,
+        group: str | None = None,
     ) -> StreamInfo:
         """Create a stream reading `subject` (partition p > 0 reads `<subject>.<p>`); options
         left None take the broker's defaults. Idempotent: creating a stream that exists with
         the same config returns it. Raises StreamExists (another config),
-        InvalidStreamConfig (a bad name, subject or value), NotEnoughReplicas."""
+        InvalidStreamConfig (a bad name, subject or value), NotEnoughReplicas. `group` is the
+        deprecated spelling of `ingest_group` (the load-balance group)."""
+        if group is not None:
+            warnings.warn("create_stream(group=...) is deprecated: use ingest_group=",
+                          DeprecationWarning, stacklevel=2)
+            ingest_group = ingest_group if ingest_group is not None else group
         config: dict[str, object] = {"name": name, "subject": subject, "partitions": partitions}
-        options = {"group": group, "labels": dict(labels) if labels is not None else None,
+        options = {"ingest_group": ingest_group,
+                   "labels": dict(labels) if labels is not None else None,
                    "ack_policy": _option(ack_policy), "fsync": _option(fsync),
                    "retention_ms": retention_ms, "retention_bytes": retention_bytes,
                    "retention_messages": retention_messages,

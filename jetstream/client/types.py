@@ -104,7 +104,7 @@ class StreamInfo:
     name: str
     subject: str
     partitions: tuple[PartitionInfo, ...]
-    group: str | None = None
+    ingest_group: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     replication_factor: int = 1
     ack_policy: str = AckPolicy.ALL.value
@@ -120,7 +120,8 @@ class StreamInfo:
         partitions = tuple(sorted((PartitionInfo.from_dict(name, subject, p)
                                    for p in data["partitions"]), key=lambda p: p.partition))
         config = {k: v for k, v in data.items() if k != "partitions"}
-        return cls(name, subject, partitions, data.get("group"), dict(data.get("labels") or {}),
+        return cls(name, subject, partitions,
+                   data.get("ingest_group", data.get("group")), dict(data.get("labels") or {}),
                    int(data.get("replication_factor") or 1),
                    str(data.get("ack_policy") or AckPolicy.ALL.value), config)
 

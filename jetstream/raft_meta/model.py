@@ -38,7 +38,7 @@ class StreamConfig:
     name: str
     subject: str
     partitions: int = 1
-    group: str | None = None
+    ingest_group: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     replication_factor: int = 1
     min_isr: int = 1
@@ -61,8 +61,8 @@ class StreamConfig:
         names.check_stream_name(self.name)
         names.check_partitioned_subject(self.subject, _int(self, "partitions", 1,
                                                             PARTITIONS_MAX))
-        if self.group is not None:
-            names.check_group_name(self.group)
+        if self.ingest_group is not None:
+            names.check_group_name(self.ingest_group, "ingest_group")
         object.__setattr__(self, "labels", names.check_labels(self.labels))
         _int(self, "replication_factor", 1, REPLICATION_FACTOR_MAX)
         _int(self, "min_isr", 1, self.replication_factor)
@@ -136,6 +136,7 @@ class StreamConfig:
         """Build from user input: unknown fields are an error (a typo must not pass)."""
         if not isinstance(data, Mapping):
             raise InvalidStreamConfig("a stream config is a map of fields", field="")
+        data = _without_deprecated_names(data)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -145,6 +146,26 @@ class StreamConfig:
             if required not in data:
                 raise InvalidStreamConfig(f"{required} is required", field=required)
         return cls(**data)
+
+
+#: Deprecated spellings of config fields, still accepted: `group` named the load-balance group
+#: before consumer groups existed.
+DEPRECATED_FIELDS = {"group": "ingest_group"}
+
+
+def _without_deprecated_names(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not DEPRECATED_FIELDS.keys() & data.keys():
+        return data
+    out = dict(data)
+    for old, new in DEPRECATED_FIELDS.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if new in out and out[new] != value:
+            raise InvalidStreamConfig(f"{old} (deprecated) and {new} disagree: give {new} only",
+                                      field=new)
+        out[new] = value
+    return out
 
 
 def _int(config: StreamConfig, name: str, low: int, high: int) -> int:

@@ -2,11 +2,11 @@
 
 Theory of operation
 - Ingest: the partition's NATS subscription (a queue subscription when the stream is in a
-  group; jetstream.server.nats_port) buffers messages in a bounded queue. The ingest task
-  takes whatever has arrived since its last append as one batch (up to a record and byte
-  limit), turns each message into a record (an envelope is unpacked; anything else is stored
-  as it came: payload as value, NATS headers as headers, subject kept) and appends the batch
-  without fsync.
+  load-balance group; jetstream.server.nats_port) buffers messages in a bounded queue. The
+  ingest task takes whatever has arrived since its last append as one batch (up to a record
+  and byte limit), turns each message into a record (an envelope is unpacked; anything else
+  is stored as it came: payload as value, NATS headers as headers, subject kept) and appends
+  the batch without fsync.
 - Durability: with fsync `always`, a sync task fsyncs in a thread while the ingest task
   appends the next batch, so one fsync covers every batch that landed before it started
   (group commit across batches). Other policies count a batch as written when appended.
@@ -158,7 +158,7 @@ class PartitionLeader:
         if self._replication is not None:
             self._start_replication(self._replication)
         self._sub = await self._nats.subscribe(
-            self.subject, self.stream.group, self._config.ingest_pending_msgs_max,
+            self.subject, self.stream.ingest_group, self._config.ingest_pending_msgs_max,
             self._config.ingest_pending_bytes_max)
         self._tasks.append(asyncio.create_task(self._ingest_loop(), name=f"ingest {self.name}"))
         if self._always:

@@ -166,7 +166,7 @@ def test_stream_create_list_info_delete_human(broker: BrokerProcess) -> None:
               "--ack-policy", "leader", "--retention-ms", "60000", "--label", "env=dev")
 
     listing = jetstream(brokers, "stream", "list").stdout.splitlines()
-    assert listing[0].split() == ["NAME", "SUBJECT", "PARTITIONS", "RF", "ACK", "GROUP",
+    assert listing[0].split() == ["NAME", "SUBJECT", "PARTITIONS", "RF", "ACK", "INGEST_GROUP",
                                   "LABELS"]
     assert [line.split()[0] for line in listing[1:]] == ["audit", "orders"]
     selected = jetstream(brokers, "stream", "list", "--selector", "env in (prod)").stdout
@@ -202,6 +202,18 @@ def test_stream_commands_json(broker: BrokerProcess) -> None:
     assert jetstream(brokers, "--json", "stream", "delete", "clicks").stdout.strip() == \
         '{"deleted": "clicks"}'
     assert json_of(brokers, "stream", "list") == {"streams": []}
+
+
+def test_ingest_group_flag_and_its_deprecated_spelling(broker: BrokerProcess) -> None:
+    brokers = broker.address
+    first = json_of(brokers, "stream", "create", "lb-1", "--subject", "lb", "--ingest-group",
+                    "workers")
+    old = jetstream(brokers, "stream", "create", "lb-2", "--subject", "lb", "--group", "workers",
+                    "--json")
+    assert "--group is deprecated" in old.stderr
+    assert first["ingest_group"] == json.loads(old.stdout)["ingest_group"] == "workers"
+    listed = jetstream(brokers, "stream", "list").stdout
+    assert "INGEST_GROUP" in listed and listed.count("workers") == 2
 
 
 # -- pub and sub -------------------------------------------------------------------------------

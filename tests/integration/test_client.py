@@ -1,6 +1,6 @@
 """The Python client against a real broker and nats-server: publishing (envelopes, keys,
-partitions, groups, wildcards), reading from every start position, long polls, errors, and
-restarts that must keep every acked message.
+partitions, load-balance groups, wildcards), reading from every start position, long polls,
+errors, and restarts that must keep every acked message.
 
 Waits are conditions with deadlines (asyncio.wait_for around an iteration that ends on its
 own); nothing sleeps and hopes.
@@ -98,9 +98,11 @@ async def test_two_streams_on_one_subject_each_get_every_message(js: Client) -> 
         assert [msg.value for msg in await read_all(js, stream, stop=100)] == expected
 
 
-async def test_a_group_splits_a_subject_between_its_streams(js: Client) -> None:
-    await js.create_stream("worker-1", "jobs", group="workers")
-    await js.create_stream("worker-2", "jobs", group="workers")
+async def test_a_load_balance_group_splits_a_subject_between_its_streams(js: Client) -> None:
+    await js.create_stream("worker-1", "jobs", ingest_group="workers")
+    with pytest.warns(DeprecationWarning, match="ingest_group"):
+        second_info = await js.create_stream("worker-2", "jobs", group="workers")
+    assert second_info.ingest_group == "workers"
 
     acks = await js.publish_batch([("jobs", b"%d" % i) for i in range(200)])
 

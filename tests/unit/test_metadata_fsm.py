@@ -135,7 +135,7 @@ def test_placement_spreads_replicas_and_leaders_evenly() -> None:
 def test_state_round_trips_through_json() -> None:
     state = cluster(3)
     state.apply(CreateStream(StreamConfig("s", "s.*", partitions=2, replication_factor=3,
-                                          min_isr=2, labels={"app": "shop"}, group="g")))
+                                          min_isr=2, labels={"app": "shop"}, ingest_group="g")))
     data = json.loads(json.dumps(state.to_dict()))
     again = MetadataState.from_dict(data)
     assert again.to_dict() == state.to_dict()
@@ -161,12 +161,22 @@ def test_state_round_trips_through_json() -> None:
           "max_compaction_lag_ms": 5}, "max_compaction_lag_ms"),
         ({"name": "s", "subject": "a", "segment_ms_max": 0}, "segment_ms_max"),
         ({"subject": "a"}, "name"),
+        ({"name": "s", "subject": "a", "ingest_group": "bad group"}, "ingest_group"),
+        ({"name": "s", "subject": "a", "group": "a", "ingest_group": "b"}, "ingest_group"),
     ],
 )
 def test_invalid_stream_configs_name_the_field(fields: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidStreamConfig) as exc:
         StreamConfig.from_dict(fields)
     assert exc.value.fields["field"] == field
+
+
+def test_the_deprecated_group_field_names_the_load_balance_group() -> None:
+    old = StreamConfig.from_dict({"name": "s", "subject": "a", "group": "workers"})
+    assert old.ingest_group == "workers"
+    assert "group" not in old.to_dict() and old.to_dict()["ingest_group"] == "workers"
+    same = {"name": "s", "subject": "a", "group": "w", "ingest_group": "w"}
+    assert StreamConfig.from_dict(same).ingest_group == "w"
 
 
 def test_update_changes_only_updatable_settings_and_refuses_the_rest() -> None:

@@ -35,7 +35,7 @@ partition_descriptions = st.fixed_dictionaries({
 stream_descriptions = st.fixed_dictionaries(
     {"name": names, "subject": subjects,
      "partitions": st.lists(partition_descriptions, max_size=3)},
-    optional={"labels": st.dictionaries(names, names, max_size=3), "group": names},
+    optional={"labels": st.dictionaries(names, names, max_size=3), "ingest_group": names},
 )
 brokers = st.fixed_dictionaries({
     "id": broker_ids,
