@@ -39,6 +39,11 @@ FORBIDDEN: dict[str, frozenset[str]] = {
         "jetstream.server", "jetstream.raft_meta", "jetstream.cli", "jetstream.cli_client",
         "pysyncobj", "fastapi", "uvicorn", "lmdb",
     }),
+    "jetstream.offsets": frozenset({
+        "jetstream.server", "jetstream.client", "jetstream.raft_meta", "jetstream.stream",
+        "jetstream.cli", "jetstream.cli_client", "asyncio", "nats", "pysyncobj", "fastapi",
+        "uvicorn", "lmdb",
+    }),
     "jetstream.server": frozenset({"jetstream.cli", "jetstream.cli_client"}),
 }
 
