@@ -544,6 +544,17 @@ class GroupFull(JetstreamError):
                          members_max=members_max)
 
 
+class TooManyGroups(JetstreamError):
+    """This broker coordinates as many consumer groups as it may (`groups_max`); groups
+    that already exist carry on. Delete unused groups' offsets, or raise the limit."""
+
+    code = "TOO_MANY_GROUPS"
+
+    def __init__(self, group: str, groups_max: int) -> None:
+        super().__init__(f"cannot take group {group!r}: this broker coordinates {groups_max} "
+                         "groups already", group=group, groups_max=groups_max)
+
+
 class NoCommittedOffset(JetstreamError):
     """The group has no committed offset for a partition and its reset policy is `error`.
     Commit or reset an offset for it, or subscribe with reset `earliest` or `latest`."""

@@ -11,9 +11,11 @@ cluster through one router (routing.py: connections, the metadata cache, leaders
 - StreamAdmin (admin.py): create, delete, list and describe streams; describe the cluster.
 - Publishing (publishing.py): publish and publish_batch through NATS, waiting for acks.
 - Reading (reading.py): fetch, subscribe, and offsets by timestamp.
-A new concern (offsets of consumer groups, reads by key, ...) is a new part: a module with
-its calls, named in the `Client` bases and started in `__init__`. This module holds only
-what ties the parts together: construction, start and close.
+- KeyValueReads (kv.py): get and keys on compacted streams.
+- ConsumerGroups (groups.py, offsets.py): group members, committed offsets, group admin.
+A new concern is a new part: a module with its calls, named in the `Client` bases and
+started in `__init__`. This module holds only what ties the parts together: construction,
+start, close, and `subscribe`, which is a partition's or a consumer group's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Generator, Sequence
-from typing import Any
+from typing import Any, overload
 
 from jetstream.client.admin import StreamAdmin
 from jetstream.client.connection import (
@@ -30,10 +32,14 @@ from jetstream.client.connection import (
     REQUESTS_MAX,
     split_address,
 )
+from jetstream.client.group_subscription import Callback, GroupSubscription
+from jetstream.client.groups import ConsumerGroups
 from jetstream.client.kv import KeyValueReads
 from jetstream.client.publishing import Publishing
-from jetstream.client.reading import Reading
+from jetstream.client.reading import FETCH_BYTES_DEFAULT, Reading
 from jetstream.client.routing import Router
+from jetstream.client.subscription import StopAt, Subscription
+from jetstream.client.types import Start
 from jetstream.errors import ProtocolError
 
 BROKERS_ENV = "JETSTREAM_BROKERS"
@@ -78,7 +84,7 @@ def connect(
                   requests_max=requests_max, metadata_max_age_s=metadata_max_age_s)
 
 
-class Client(StreamAdmin, Publishing, Reading, KeyValueReads):
+class Client(StreamAdmin, Publishing, Reading, KeyValueReads, ConsumerGroups):
     """A Jetstream client. Build it with `connect`; every method is a coroutine except
     `subscribe`, which returns an async iterator."""
 
@@ -94,6 +100,7 @@ class Client(StreamAdmin, Publishing, Reading, KeyValueReads):
         Publishing.__init__(self, nats_url=nats_url, connect_timeout_s=connect_timeout_s,
                             partition_count=self._router.metadata.partition_count)
         Reading.__init__(self)
+        ConsumerGroups.__init__(self, self.partition_subscription)
 
     async def start(self) -> Client:
         """Connect to a bootstrap broker and read the metadata. Raises BrokerUnavailable."""
@@ -113,6 +120,45 @@ class Client(StreamAdmin, Publishing, Reading, KeyValueReads):
         """Stop subscriptions, fail publishes still waiting for acks, close every
         connection. Idempotent."""
         self._router.stop()
+        await self._close_members()
         await self._close_subscriptions()
         await self._close_publisher()
         await self._router.close()
+
+    @overload
+    def subscribe(self, stream: str, partition: int = 0, *, start: Start = Start.EARLIEST,
+                  offset: int | None = None, timestamp_ms: int | None = None,
+                  stop: StopAt = None, max_bytes: int = FETCH_BYTES_DEFAULT,
+                  max_wait_ms: int = 1000, read_isr_replica: bool = False,
+                  group: None = None) -> Subscription: ...
+
+    @overload
+    def subscribe(self, stream: str | Sequence[str] | None = None, *, group: str,
+                  selector: str = "", reset: str = "earliest", auto_commit: bool = True,
+                  auto_commit_interval_ms: int = 5_000, session_timeout_ms: int = 10_000,
+                  heartbeat_interval_ms: int = 1_000, rebalance_timeout_ms: int = 30_000,
+                  max_bytes: int = FETCH_BYTES_DEFAULT, max_wait_ms: int = 500,
+                  on_assign: Callback | None = None,
+                  on_revoke: Callback | None = None) -> GroupSubscription: ...
+
+    def subscribe(self, stream: str | Sequence[str] | None = None, partition: int = 0,
+                  **options: Any) -> Subscription | GroupSubscription:
+        """Without `group`: one partition's committed messages (Reading.subscribe).
+
+        With `group="name"`: a member of that consumer group. `stream` is a stream name or
+        several (and/or `selector`, a label selector); the group's coordinator shares their
+        partitions among its members (sticky; revoke before assign: no partition is read by
+        two members at once), each resuming from the group's committed offset or by `reset`
+        (`earliest`, `latest`, `error`) where none is committed. `auto_commit` commits the
+        positions of finished messages every `auto_commit_interval_ms`, on revoke and on
+        close; `await sub.commit()` commits what was handed out, `await msg.commit()` one
+        message. `on_assign`/`on_revoke` are called with the partitions (stream, partition)
+        that arrive or leave. Use `async with js.subscribe(..., group=...) as sub:` (joins,
+        then leaves on exit). At least once: see README "Consumer groups"."""
+        group = options.pop("group", None)
+        if group is None:
+            if not isinstance(stream, str):
+                raise TypeError("a partition subscription names one stream")
+            return Reading.subscribe(self, stream, partition, **options)
+        return self.subscribe_group(stream, group, **options)
+

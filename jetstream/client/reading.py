@@ -105,21 +105,35 @@ class Reading:
         self._subscriptions.add(subscription)
         return subscription
 
+    def partition_subscription(self, stream: str, partition: int, start: Start,
+                               offset: int | None, max_bytes: int,
+                               max_wait_ms: int) -> Subscription:
+        """An unstarted reader of one partition for a consumer-group member (which closes
+        it: it is not one of the client's subscriptions)."""
+        return Subscription(self, stream, partition, start=start, offset=offset,
+                            timestamp_ms=None, stop=None, max_bytes=max_bytes,
+                            max_wait_ms=max_wait_ms)
+
     async def offset_for_timestamp(self, stream: str, partition: int, timestamp_ms: int) -> int:
         """The first offset whose message has a timestamp at or after `timestamp_ms`; the high
         watermark when no committed message is that recent. messages.EARLIEST_TIMESTAMP and
         LATEST_TIMESTAMP ask for the log start offset and the high watermark."""
-        request = m.OffsetForTimestampRequest(stream, partition, timestamp_ms)
-
-        async def call(conn: BrokerConnection) -> int:
-            response = await conn.request(request)
-            return m.expect_response(response, m.OffsetForTimestampResponse).offset
-
-        return await self._router.with_leader(stream, partition, call)
+        return await offset_at(self._router, stream, partition, timestamp_ms)
 
     async def _close_subscriptions(self) -> None:
         for subscription in list(self._subscriptions):
             await subscription.close()
+
+
+async def offset_at(router: Router, stream: str, partition: int, timestamp_ms: int) -> int:
+    """Client.offset_for_timestamp, for the other parts of the client."""
+    request = m.OffsetForTimestampRequest(stream, partition, timestamp_ms)
+
+    async def call(conn: BrokerConnection) -> int:
+        response = await conn.request(request)
+        return m.expect_response(response, m.OffsetForTimestampResponse).offset
+
+    return await router.with_leader(stream, partition, call)
 
 
 async def _fetch_once(conn: BrokerConnection, request: m.FetchRequest) -> FetchResult:

@@ -231,9 +231,14 @@ class KeyIndex:
              ) -> list[bytes]:
         """Live keys (not deleted) starting with `prefix`, after `after`, at most `limit`:
         short keys in byte order, then long keys (over SHORT_KEY_MAX bytes) in hash order."""
+        return [key for key, _entry in self.items(prefix, after, limit)]
+
+    def items(self, prefix: bytes = b"", after: bytes | None = None, limit: int = 1000
+              ) -> list[tuple[bytes, IndexEntry]]:
+        """(key, entry) of the live keys `keys` names, in the same order."""
         if not 0 < limit <= KEYS_LIMIT_MAX:
             raise ValueError(f"limit must be in [1, {KEYS_LIMIT_MAX}]")
-        out: list[bytes] = []
+        out: list[tuple[bytes, IndexEntry]] = []
         with self._env.begin(db=self._entries) as txn, txn.cursor(db=self._entries) as cursor:
             start = lmdb_key(after) if after is not None else _SHORT + prefix
             if not cursor.set_range(start):
@@ -250,7 +255,7 @@ class KeyIndex:
                 entry, stored = decode_entry(raw)
                 key = stored if stored is not None else lkey[1:]
                 if entry.value is not None and key.startswith(prefix):
-                    out.append(key)
+                    out.append((key, entry))
                     if len(out) >= limit:
                         break
                 if not cursor.next():

@@ -96,6 +96,9 @@ class Group:
         self.members: dict[str, Member] = {}
         self.target: dict[str, frozenset[StreamPartition]] = {}
         self.dirty = False
+        #: Bumped by every change a waiting member could care about (members, holdings,
+        #: epochs, the target): a coordinator wakes held heartbeats when it moves.
+        self.version = 0
         self._members_max = members_max
         self._holder: dict[StreamPartition, str] = {}
         self._topology: Mapping[str, int] = {}
@@ -167,6 +170,7 @@ class Group:
                         now_ms + beat.session_timeout_ms, now_ms)
         self.members[member_id] = member
         self.dirty = True
+        self.version += 1
         return member
 
     def _known(self, beat: Heartbeat) -> Member:
@@ -184,6 +188,7 @@ class Group:
         self._release(member, member.owned)
         self.target.pop(member_id, None)
         self.dirty = True
+        self.version += 1
         self._retarget()
 
     def expire(self, now_ms: int) -> list[str]:
@@ -266,6 +271,7 @@ class Group:
         self.target = assign({m.member_id: self._eligible(m) for m in self.members.values()},
                              {m.member_id: m.owned for m in self.members.values()})
         self.epoch += 1
+        self.version += 1
 
     def _release(self, member: Member, partitions: frozenset[StreamPartition]) -> None:
         if not partitions:
@@ -275,6 +281,7 @@ class Group:
                 del self._holder[sp]
         member.owned -= partitions
         member.assigned -= partitions
+        self.version += 1
 
     def _reconcile(self, member: Member) -> Assignment:
         target = self.target.get(member.member_id, _NOTHING)
@@ -284,12 +291,14 @@ class Group:
                 self._holder[sp] = member.member_id
             member.owned |= grants
             self.dirty = True
+            self.version += 1
         assignment = member.owned & target
         if assignment != member.assigned or member.epoch == JOIN_EPOCH:
             self.epoch += 1
             member.previous_epoch, member.epoch = member.epoch, self.epoch
             member.assigned = assignment
             self.dirty = True
+            self.version += 1
         return Assignment(member.member_id, member.epoch, assignment)
 
 

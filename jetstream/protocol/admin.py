@@ -15,7 +15,7 @@ is created, not here: here only its shape.
     CREATE_STREAM         config: map                           {}
     DELETE_STREAM         name                                  {}
     UPDATE_STREAM         name, changes: map                    config: map (the new one)
-    LIST_STREAMS          {}                                    streams: [stream]
+    LIST_STREAMS          internal=false                        streams: [stream]
     stream = {name, subject, partitions: [{partition, leader (-1: none), leader_epoch,
               replicas: [int], isr: [int]}], ...any other keys, passed through}
     (the partition leader's broker adds high_watermark, log_start_offset, log_end_offset and
@@ -39,6 +39,7 @@ from jetstream.protocol.fields import (
     as_list,
     as_map,
     bad,
+    check_bool,
     check_int,
     check_str,
     check_stream,
@@ -175,8 +176,15 @@ class ListStreamsResponse(Response):
 
 @dataclass(frozen=True, slots=True)
 class ListStreamsRequest(Request):
+    """Every stream; the internal ones (named `__*`, such as `__offsets`) only with
+    `internal`."""
+
     op: ClassVar[Op] = Op.LIST_STREAMS
     response_type: ClassVar[type[Response]] = ListStreamsResponse
+    internal: bool = False
+
+    def __post_init__(self) -> None:
+        check_bool("internal", self.internal)
 
 
 #: The requests of this module, for the codec's registry.

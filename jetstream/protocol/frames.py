@@ -103,6 +103,12 @@ class Op(enum.IntEnum):
     UPDATE_STREAM = 12
     GET = 13
     KEYS = 14
+    FIND_COORDINATOR = 15
+    GROUP_HEARTBEAT = 16
+    LIST_GROUPS = 17
+    DESCRIBE_GROUP = 18
+    RESET_OFFSETS = 19
+    DELETE_GROUP = 20
 
 
 _KINDS = frozenset(int(k) for k in Kind)

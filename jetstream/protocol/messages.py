@@ -7,7 +7,9 @@ a module of its own, with the table of its ops' headers:
     reads.py        FETCH, OFFSET_FOR_TIMESTAMP
     admin.py        METADATA, CREATE_STREAM, DELETE_STREAM, LIST_STREAMS
     replication.py  END_OFFSET_FOR_EPOCH, REPORT_LEADER_FAILURE
-    offsets.py      COMMIT_OFFSET, FETCH_OFFSET
+    offsets.py      COMMIT_OFFSET, FETCH_OFFSET, RESET_OFFSETS, DELETE_GROUP
+    groups.py       FIND_COORDINATOR, GROUP_HEARTBEAT, LIST_GROUPS, DESCRIBE_GROUP
+    kv.py           GET, KEYS
 
 codec.py registers them by op and encodes and decodes frames of them; wire_errors.py carries
 errors (error frames, error acks) across. This module only re-exports their public names,
@@ -50,8 +52,27 @@ from jetstream.protocol.fields import (
     PARTITION_MAX,
     PORT_MAX,
 )
+from jetstream.protocol.groups import (
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    GroupHeartbeatRequest,
+    GroupHeartbeatResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+)
 from jetstream.protocol.kv import GetRequest, GetResponse, KeysRequest, KeysResponse
-from jetstream.protocol.offsets import CommitOffsetRequest, FetchOffsetRequest, FetchOffsetResponse
+from jetstream.protocol.offsets import (
+    RESET_TARGETS,
+    CommitOffsetRequest,
+    CommitOffsetResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    FetchOffsetRequest,
+    FetchOffsetResponse,
+    ResetOffsetsRequest,
+)
 from jetstream.protocol.reads import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -83,10 +104,16 @@ __all__ = [
     "PARTITION_MAX",
     "PORT_MAX",
     "REQUEST_TYPES",
+    "RESET_TARGETS",
     "RESPONSE_TYPES",
     "CommitOffsetRequest",
+    "CommitOffsetResponse",
     "CreateStreamRequest",
+    "DeleteGroupRequest",
+    "DeleteGroupResponse",
     "DeleteStreamRequest",
+    "DescribeGroupRequest",
+    "DescribeGroupResponse",
     "EmptyResponse",
     "EndOffsetForEpochRequest",
     "EndOffsetForEpochResponse",
@@ -94,11 +121,17 @@ __all__ = [
     "FetchOffsetResponse",
     "FetchRequest",
     "FetchResponse",
+    "FindCoordinatorRequest",
+    "FindCoordinatorResponse",
     "GetRequest",
     "GetResponse",
+    "GroupHeartbeatRequest",
+    "GroupHeartbeatResponse",
     "Isolation",
     "KeysRequest",
     "KeysResponse",
+    "ListGroupsRequest",
+    "ListGroupsResponse",
     "ListStreamsRequest",
     "ListStreamsResponse",
     "Message",
@@ -108,6 +141,7 @@ __all__ = [
     "OffsetForTimestampResponse",
     "ReportLeaderFailureRequest",
     "Request",
+    "ResetOffsetsRequest",
     "Response",
     "UpdateStreamRequest",
     "UpdateStreamResponse",

@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jetstream.errors import UnknownStream
+from jetstream.errors import ProtectedStream, UnknownStream
+from jetstream.offsets.records import is_internal
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.fsm import CreateStream, DeleteStream, UpdateStream
 from jetstream.raft_meta.local import LocalMetadata
@@ -32,6 +33,7 @@ from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
+from jetstream.server.coordinator import Coordinators
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics, render
 from jetstream.server.nats_port import NatsPort
@@ -44,7 +46,8 @@ class Admin:
 
     def __init__(self, config: BrokerConfig, metadata: LocalMetadata | RaftMetadata,
                  cluster: Cluster | None, roles: Roles, metrics: BrokerMetrics,
-                 nats_url: str, nats: NatsPort, cleaner: CleanerService, kv: KeyValue) -> None:
+                 nats_url: str, nats: NatsPort, cleaner: CleanerService, kv: KeyValue,
+                 coordinators: Coordinators) -> None:
         self._config = config
         self._metadata = metadata
         self._cluster = cluster
@@ -54,6 +57,7 @@ class Admin:
         self._nats = nats
         self._cleaner = cleaner
         self._kv = kv
+        self._coordinators = coordinators
 
     @property
     def broker_id(self) -> int:
@@ -62,8 +66,12 @@ class Admin:
     # -- stream operations ------------------------------------------------------------------
 
     def stream_config(self, fields: Mapping[str, Any]) -> StreamConfig:
-        """A create request's config, with the cluster's replication defaults."""
+        """A create request's config, with the cluster's replication defaults. Internal names
+        (`__*`) are refused: those streams are the system's."""
         values = dict(fields)
+        name = values.get("name")
+        if isinstance(name, str) and is_internal(name):
+            raise ProtectedStream(name, "create")
         if self._cluster is not None and self._cluster.size >= 3:
             values.setdefault("replication_factor", 3)
             factor = values["replication_factor"]
@@ -81,11 +89,15 @@ class Admin:
         return not result.existed
 
     async def delete_stream(self, name: str) -> None:
+        if is_internal(name):
+            raise ProtectedStream(name, "delete")
         await self._metadata.propose(DeleteStream(name))
         await self._roles.reconcile()
 
     async def update_stream(self, name: str, changes: Mapping[str, Any]) -> StreamConfig:
         """Change settings of a stream through the metadata log; the new config."""
+        if is_internal(name):
+            raise ProtectedStream(name, "update")
         config: StreamConfig = await self._metadata.propose(UpdateStream(name, dict(changes)))
         await self._roles.reconcile()
         return config
@@ -97,6 +109,9 @@ class Admin:
         return await self._kv.keys(request)
 
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
+        """The leader to append to (HTTP): internal streams take no appends from users."""
+        if is_internal(stream):
+            raise ProtectedStream(stream, "publish to")
         return self._roles.leader_for(stream, partition)
 
     # -- descriptions -----------------------------------------------------------------------
@@ -128,9 +143,12 @@ class Admin:
                         (name, entry["partition"]), config, *found)
         return {**config.to_dict(), "partitions": partitions}
 
-    def describe_streams(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+    def describe_streams(self, names: list[str] | None = None, *,
+                         internal: bool = False) -> list[dict[str, Any]]:
+        """The named streams, or every stream (the internal ones only with `internal`)."""
         streams = self._metadata.state.streams
-        wanted = sorted(streams) if names is None else [n for n in names if n in streams]
+        wanted = ([n for n in sorted(streams) if internal or not is_internal(n)]
+                  if names is None else [n for n in names if n in streams])
         return [self.describe_stream(n) for n in wanted]
 
     def brokers(self) -> list[dict[str, Any]]:
@@ -173,7 +191,7 @@ class Admin:
                                   -1 if leader is None else leader)
 
     async def on_list_streams(self, request: m.ListStreamsRequest) -> m.ListStreamsResponse:
-        return m.ListStreamsResponse(self.describe_streams())
+        return m.ListStreamsResponse(self.describe_streams(internal=request.internal))
 
     async def on_create_stream(self, request: m.CreateStreamRequest) -> m.EmptyResponse:
         await self.create_stream(self.stream_config(request.config))

@@ -46,12 +46,14 @@ from jetstream.server.api import Dispatcher, on
 from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
+from jetstream.server.coordinator import Coordinators
 from jetstream.server.epoch_fence import EpochFence
 from jetstream.server.fetch import Reads
 from jetstream.server.http_api import HttpServer
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics
 from jetstream.server.nats_port import NatsPort, NatsPyNats, connect_nats
+from jetstream.server.offsets_stream import OffsetsStream
 from jetstream.server.roles import Roles
 from jetstream.server.socket_api import SocketApi
 from jetstream.stream.checkpoint import write_atomic
@@ -75,6 +77,7 @@ class Broker:
         self._roles: Roles | None = None
         self._cleaner: CleanerService | None = None
         self._kv: KeyValue | None = None
+        self._coordinators: Coordinators | None = None
         self._socket_api: SocketApi | None = None
         self._http: HttpServer | None = None
         self._failover_task: asyncio.Task[None] | None = None
@@ -122,10 +125,13 @@ class Broker:
                                  interval_ms=self.config.key_index_interval_ms,
                                  map_size_bytes=self.config.key_index_bytes_max,
                                  wait_ms_max=self.config.fetch_wait_ms_max)
+        offsets = OffsetsStream(self.config, metadata, self._cluster, roles)
+        coordinators = self._coordinators = Coordinators(self.config, metadata, roles, kv,
+                                                         offsets, self._executor)
         admin = Admin(self.config, metadata, self._cluster, roles, self.metrics,
-                      self.nats_url, nats_port, cleaner, kv)
+                      self.nats_url, nats_port, cleaner, kv, coordinators)
         self._socket_api = SocketApi(self.config, self.metrics,
-                                     self._dispatcher(admin, roles, kv))
+                                     self._dispatcher(admin, roles, kv, offsets, coordinators))
         await self._socket_api.start()
         if self.config.http_port >= 0:
             self._http = HttpServer(self.config, admin)
@@ -144,10 +150,12 @@ class Broker:
         await roles.enable()
         cleaner.start()
         kv.start()
+        coordinators.start()
         write_atomic(self.data_dir / READY_FILE, json.dumps(self.describe_self()).encode())
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
 
-    def _dispatcher(self, admin: Admin, roles: Roles, kv: KeyValue) -> Dispatcher:
+    def _dispatcher(self, admin: Admin, roles: Roles, kv: KeyValue, offsets: OffsetsStream,
+                    groups: Coordinators) -> Dispatcher:
         """The socket API's table: which service answers each request type."""
         reads = Reads(self.config, roles)
         cluster = self._cluster
@@ -162,6 +170,14 @@ class Broker:
             on(m.UpdateStreamRequest, admin.on_update_stream),
             on(m.GetRequest, kv.get),
             on(m.KeysRequest, kv.keys),
+            on(m.FindCoordinatorRequest, offsets.find_coordinator),
+            on(m.GroupHeartbeatRequest, groups.heartbeat),
+            on(m.CommitOffsetRequest, groups.commit),
+            on(m.FetchOffsetRequest, groups.fetch),
+            on(m.ResetOffsetsRequest, groups.reset),
+            on(m.DeleteGroupRequest, groups.delete_group),
+            on(m.ListGroupsRequest, groups.list_groups),
+            on(m.DescribeGroupRequest, groups.describe),
             on(m.ReportLeaderFailureRequest,
                cluster.on_report_request if cluster is not None else _no_failover),
         ]))
@@ -203,6 +219,8 @@ class Broker:
             await self._socket_api.stop()
         if self._http is not None:
             await self._http.stop()
+        if self._coordinators is not None:
+            await self._coordinators.stop()
         if self._cleaner is not None:
             await self._cleaner.stop()
         if self._kv is not None:
@@ -219,6 +237,8 @@ class Broker:
         self._executor.shutdown(wait=True)
 
     def _on_metadata_change(self, command: Command | StateRestored, result: object) -> None:
+        if self._coordinators is not None:
+            self._coordinators.on_metadata_change()
         roles = self._roles
         if roles is None or not roles.enabled:
             return

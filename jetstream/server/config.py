@@ -65,6 +65,23 @@ class BrokerConfig:
     #: (a read waiting for an offset wakes them at once), and each one's size limit.
     key_index_interval_ms: int = 100
     key_index_bytes_max: int = 1024 * MiB
+    #: Committed offsets (`__offsets`, created on first use): its partitions and replication
+    #: factor (capped at the cluster's size; min ISR 2 when it has 3), and how long an empty
+    #: consumer group's offsets are kept after its last commit.
+    offsets_partitions: int = 16
+    offsets_replication_factor: int = 3
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+    offsets_retention_check_ms: int = 60_000
+    #: Consumer groups: the bounds a member's session timeout is held to, the heartbeat
+    #: interval members are told (at most a third of their session), the most members of one
+    #: group and the most groups this broker coordinates.
+    group_session_timeout_ms_min: int = 1_000
+    group_session_timeout_ms_max: int = 300_000
+    group_heartbeat_interval_ms: int = 1_000
+    group_members_max: int = 1_000
+    groups_max: int = 100_000
+    #: How often this broker's coordinators expire members whose sessions ended.
+    group_expiry_check_ms: int = 100
     #: How often retention runs and the high watermark is checkpointed.
     retention_check_ms: int = 30_000
     checkpoint_interval_ms: int = 5_000
@@ -118,6 +135,17 @@ class BrokerConfig:
         _range(self, "key_index_interval_ms", 1, 3_600_000)
         _range(self, "key_index_bytes_max", 1 * MiB, 1024 * 1024 * MiB)
         _range(self, "checkpoint_interval_ms", 10, 86_400_000)
+        _range(self, "offsets_partitions", 1, 1024)
+        _range(self, "offsets_replication_factor", 1, 7)
+        _range(self, "offsets_retention_ms", 1000, 10 * 365 * 86_400_000)
+        _range(self, "offsets_retention_check_ms", 10, 86_400_000)
+        _range(self, "group_session_timeout_ms_min", 100, 3_600_000)
+        _range(self, "group_session_timeout_ms_max", self.group_session_timeout_ms_min,
+               3_600_000)
+        _range(self, "group_heartbeat_interval_ms", 10, 3_600_000)
+        _range(self, "group_members_max", 1, 100_000)
+        _range(self, "groups_max", 1, 10_000_000)
+        _range(self, "group_expiry_check_ms", 10, 60_000)
         _range(self, "open_files_max", 16, 1_000_000)
         _range(self, "replica_lag_ms_max", 10, 3_600_000)
         _range(self, "replica_leader_timeout_ms", 10, 3_600_000)

@@ -257,8 +257,9 @@ def build_app(services: HttpServices) -> FastAPI:
         return services.cluster_view()
 
     @app.get("/streams", responses=_errors())
-    async def list_streams() -> dict[str, Any]:
-        return {"streams": services.describe_streams()}
+    async def list_streams(
+            internal: bool = Query(False, alias="all")) -> dict[str, Any]:
+        return {"streams": services.describe_streams(internal=internal)}
 
     @app.post("/streams", status_code=201, responses=_errors(400, 409, 503))
     async def create_stream(config: dict[str, Any] = Body(...)) -> Response:  # noqa: B008

@@ -137,6 +137,17 @@ class KeyValue:
             raise OffsetNotIndexed(key[0], key[1], 0, 0)
         return found[1]
 
+    async def index_covering(self, stream: str, partition: int, offset: int,
+                             wait_ms: int) -> KeyIndex:
+        """The key index of a compacted partition held here, once it covers every committed
+        record below `offset` (waiting up to `wait_ms`). Raises OffsetNotIndexed."""
+        key = (stream, partition)
+        index = await self._index(key, lambda covered: covered >= offset, wait_ms)
+        covered = self._covered.get(key, 0)
+        if covered < offset:
+            raise OffsetNotIndexed(stream, partition, offset, covered)
+        return index
+
     async def get(self, request: m.GetRequest) -> m.GetResponse:
         self._compacted(request.stream)
         self._check_role(request.stream, request.partition, request.read_replica)

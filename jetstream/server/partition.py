@@ -55,6 +55,7 @@ from jetstream.errors import (
     RecordTooLarge,
 )
 from jetstream.isr.leader import AdvanceHighWatermark, Decision, LeaderState, ProposeIsr
+from jetstream.offsets.records import is_internal
 from jetstream.protocol import ack as ack_codec
 from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
 from jetstream.protocol.envelope import AckPolicy, decode_envelope
@@ -157,10 +158,12 @@ class PartitionLeader:
     async def start(self) -> None:
         if self._replication is not None:
             self._start_replication(self._replication)
-        self._sub = await self._nats.subscribe(
-            self.subject, self.stream.ingest_group, self._config.ingest_pending_msgs_max,
-            self._config.ingest_pending_bytes_max)
-        self._tasks.append(asyncio.create_task(self._ingest_loop(), name=f"ingest {self.name}"))
+        if not is_internal(self.stream.name):  # internal streams take only append_direct
+            self._sub = await self._nats.subscribe(
+                self.subject, self.stream.ingest_group, self._config.ingest_pending_msgs_max,
+                self._config.ingest_pending_bytes_max)
+            self._tasks.append(asyncio.create_task(self._ingest_loop(),
+                                                   name=f"ingest {self.name}"))
         if self._always:
             self._tasks.append(asyncio.create_task(self._sync_loop(), name=f"sync {self.name}"))
         self._tasks.append(asyncio.create_task(self._housekeeping_loop(),

@@ -68,9 +68,25 @@ requests = st.one_of(
               timestamp_ms=st.integers(-2, m.OFFSET_MAX)),
     st.builds(m.EndOffsetForEpochRequest, stream=names, partition=partitions,
               leader_epoch=epochs, current_leader_epoch=st.integers(-1, m.EPOCH_MAX)),
-    st.builds(m.CommitOffsetRequest, group=names, stream=names, partition=partitions,
-              offset=offsets, metadata=st.text(max_size=50)),
-    st.builds(m.FetchOffsetRequest, group=names, stream=names, partition=partitions),
+    st.builds(m.CommitOffsetRequest, group=names, offsets=st.lists(
+        st.fixed_dictionaries({"stream": names, "partition": partitions, "offset": offsets,
+                               "metadata": st.text(max_size=50)}), min_size=1, max_size=3),
+              member_id=st.text(max_size=64), member_epoch=st.integers(-1, 2**40)),
+    st.builds(m.FetchOffsetRequest, group=names, partitions=st.none() | st.lists(
+        st.fixed_dictionaries({"stream": names, "partition": partitions}), max_size=3)),
+    st.builds(m.ResetOffsetsRequest, group=names, offsets=st.lists(st.fixed_dictionaries(
+        {"stream": names, "partition": partitions, "offset": offsets}), min_size=1,
+        max_size=3)),
+    st.builds(m.DeleteGroupRequest, group=names),
+    st.builds(m.FindCoordinatorRequest, group=names),
+    st.builds(m.GroupHeartbeatRequest, group=names, member_id=st.text(max_size=64),
+              member_epoch=st.integers(-1, 2**40), streams=st.lists(names, max_size=3),
+              selector=st.text(max_size=20), owned=st.lists(st.tuples(names, partitions).map(
+                  list), max_size=3),
+              session_timeout_ms=st.integers(1, 10**6), max_wait_ms=st.integers(0, 60_000),
+              client_id=st.text(max_size=20)),
+    st.just(m.ListGroupsRequest()),
+    st.builds(m.DescribeGroupRequest, group=names),
 )
 responses = st.one_of(
     fetch_responses,
@@ -81,8 +97,20 @@ responses = st.one_of(
     st.builds(m.OffsetForTimestampResponse, offset=st.integers(-1, m.OFFSET_MAX)),
     st.builds(m.EndOffsetForEpochResponse, leader_epoch=st.integers(-1, m.EPOCH_MAX),
               end_offset=st.integers(-1, m.OFFSET_MAX)),
-    st.builds(m.FetchOffsetResponse, offset=st.integers(-1, m.OFFSET_MAX),
-              metadata=st.text(max_size=50)),
+    st.builds(m.FetchOffsetResponse, offsets=st.lists(st.fixed_dictionaries(
+        {"stream": names, "partition": partitions, "offset": st.integers(-1, m.OFFSET_MAX),
+         "metadata": st.text(max_size=50)}), max_size=3)),
+    st.builds(m.CommitOffsetResponse, failed=st.lists(st.fixed_dictionaries(
+        {"stream": names, "partition": partitions,
+         "error": st.fixed_dictionaries({"code": st.text(min_size=1, max_size=20),
+                                         "message": st.text(max_size=20)})}), max_size=2)),
+    st.builds(m.GroupHeartbeatResponse, member_id=st.text(max_size=64),
+              member_epoch=st.integers(-1, 2**40),
+              assignment=st.lists(st.tuples(names, partitions).map(list), max_size=3)),
+    st.builds(m.FindCoordinatorResponse, partition=partitions,
+              broker_id=st.integers(0, m.BROKER_ID_MAX), host=st.text(min_size=1, max_size=20),
+              port=st.integers(1, 65535)),
+    st.builds(m.DeleteGroupResponse, deleted_offsets=offsets),
     st.just(m.EmptyResponse()),
 )
 
@@ -228,15 +256,25 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
         (m.EndOffsetForEpochRequest, {"stream": "s", "partition": 0, "leader_epoch": 0,
                                       "current_leader_epoch": -2}, "current_leader_epoch"),
         (m.EndOffsetForEpochResponse, {"leader_epoch": -1, "end_offset": -2}, "end_offset"),
-        (m.CommitOffsetRequest, {"group": "g g", "stream": "s", "partition": 0, "offset": 0},
-         "group"),
-        (m.CommitOffsetRequest, {"group": "g", "stream": "s", "partition": 0, "offset": 0,
-                                 "metadata": "x" * 4097}, "metadata"),
-        (m.CommitOffsetRequest, {"group": "g", "stream": "s", "partition": 0, "offset": -1},
-         "offset"),
-        (m.FetchOffsetRequest, {"group": "g", "stream": "s"}, "partition"),
-        (m.FetchOffsetResponse, {"offset": -2}, "offset"),
-        (m.FetchOffsetResponse, {"offset": 1, "metadata": None}, "metadata"),
+        (m.CommitOffsetRequest, {"group": "g g", "offsets": [
+            {"stream": "s", "partition": 0, "offset": 0}]}, "group"),
+        (m.CommitOffsetRequest, {"group": "g", "offsets": [
+            {"stream": "s", "partition": 0, "offset": 0, "metadata": "x" * 4097}]},
+         "offsets[0].metadata"),
+        (m.CommitOffsetRequest, {"group": "g", "offsets": [
+            {"stream": "s", "partition": 0, "offset": -1}]}, "offsets[0].offset"),
+        (m.CommitOffsetRequest, {"group": "g", "offsets": []}, "offsets"),
+        (m.CommitOffsetRequest, {"group": "g", "offsets": [{"stream": "s", "partition": 0,
+                                                            "offset": 1}],
+                                 "member_epoch": -2}, "member_epoch"),
+        (m.FetchOffsetRequest, {"group": "g", "partitions": [{"stream": "s"}]}, "partitions[0]"),
+        (m.FetchOffsetResponse, {"offsets": [{"stream": "s", "partition": 0, "offset": -2}]},
+         "offsets[0].offset"),
+        (m.ResetOffsetsRequest, {"group": "g", "offsets": []}, "offsets"),
+        (m.GroupHeartbeatRequest, {"group": "g", "member_id": "", "member_epoch": 0,
+                                   "owned": [["s"]]}, "owned[0]"),
+        (m.GroupHeartbeatRequest, {"group": "g", "member_id": "", "member_epoch": 0,
+                                   "session_timeout_ms": 0}, "session_timeout_ms"),
         (m.OffsetForTimestampResponse, {}, "offset"),
     ],
 )
