@@ -20,8 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from jetstream.cli_client import UsageError, add_commands, normalize_argv
+from jetstream.cli_client import add_commands
 from jetstream.cli_kv import KeyArgumentError
+from jetstream.cli_text import UsageError, normalize_argv
 from jetstream.errors import JetstreamError
 
 if TYPE_CHECKING:

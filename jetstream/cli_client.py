@@ -13,7 +13,7 @@ only.
 Exit status: 0 done, 1 a JetstreamError, 2 bad usage, 130 interrupted (Ctrl-C). `sub` is the
 exception: Ctrl-C (SIGINT) or SIGTERM is how one stops following, so it ends with 0.
 
-The parsing helpers (`parse_from`, `parse_pairs`, `normalize_argv`) are pure functions.
+The pure helpers (parsing `--from` and `k=v`, tables, messages) live in jetstream.cli_text.
 """
 
 from __future__ import annotations
@@ -23,21 +23,28 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jetstream import cli_kv
-from jetstream.cli_text import bytes_fields, text
+from jetstream import cli_groups, cli_kv
+from jetstream.cli_text import (
+    FROM_HELP,
+    UsageError,
+    emit,
+    message_json,
+    message_text,
+    parse_from,
+    parse_pairs,
+    table,
+)
 
 if TYPE_CHECKING:  # the client (and nats-py) load only when a client command runs
-    from jetstream.client import Ack, Client, Message, Start, StreamInfo, Subscription
+    from jetstream.client import Ack, Client, StreamInfo, Subscription
 
 BROKERS_ENV = "JETSTREAM_BROKERS"
 #: How long `pub` waits for an ack.
@@ -49,68 +56,13 @@ SELF_REPORT_TIMEOUT_S = 2.0
 #: A progress display is redrawn at most this often.
 PROGRESS_REDRAW_S = 0.2
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_RELATIVE = re.compile(r"-(?:\d+(?:ms|s|m|h|d))+")
-_RELATIVE_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
-_FROM_HELP = ("earliest (default), latest (the newest message), new (only what comes next), "
-              "an OFFSET, an ISO-8601 time (2024-05-01T12:00:00Z; no zone: local time) or a "
-              "time relative to now (-30s, -5m, -2h, -1d, -1h30m)")
 
 
 #: The default of `stream update` flags: a setting left as it is (None means "no limit").
 _UNSET = object()
 
 
-class UsageError(Exception):
-    """The command line is wrong: `main` prints the message and exits 2."""
-
-
 # -- pure helpers ------------------------------------------------------------------------------
-
-
-def parse_from(text: str, now_ms: int) -> tuple[Start, int | None, int | None]:
-    """`--from` as (start, offset, timestamp_ms). Raises UsageError."""
-    from jetstream.client import Start
-
-    word = text.strip().lower()
-    named = {"earliest": Start.EARLIEST, "latest": Start.LATEST, "new": Start.NEW_ONLY}
-    if word in named:
-        return named[word], None, None
-    if word.isascii() and word.isdigit():
-        return Start.OFFSET, int(word), None
-    if _RELATIVE.fullmatch(word):
-        ago_ms = sum(int(n) * _UNITS_MS[unit] for n, unit in _RELATIVE_PART.findall(word))
-        return Start.TIMESTAMP, None, max(now_ms - ago_ms, 0)
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise UsageError(f"--from {text!r}: expected {_FROM_HELP}") from None
-    return Start.TIMESTAMP, None, max(int(moment.astimezone().timestamp() * 1000), 0)
-
-
-def parse_pairs(items: Sequence[str] | None, flag: str) -> dict[str, str]:
-    """`k=v` items (repeated `--label`/`--header`) as a dict. Raises UsageError."""
-    pairs: dict[str, str] = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"{flag} {item!r}: expected KEY=VALUE")
-        pairs[key] = value
-    return pairs
-
-
-def normalize_argv(argv: list[str]) -> list[str]:
-    """Join `--from -5m` into `--from=-5m`: argparse would take `-5m` for an option."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        if argv[i] == "--from" and i + 1 < len(argv) and _RELATIVE.fullmatch(argv[i + 1]):
-            out.append(f"--from={argv[i + 1]}")
-            i += 2
-        else:
-            out.append(argv[i])
-            i += 1
-    return out
 
 
 def brokers_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> str:
@@ -125,43 +77,6 @@ def brokers_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ
         return ",".join(parse_brokers(text))
     except ProtocolError as exc:
         raise UsageError(f"--brokers {text!r}: {exc}") from None
-
-
-def iso_time(timestamp_ms: int) -> str:
-    moment = datetime.fromtimestamp(timestamp_ms / 1000, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def message_json(msg: Message) -> dict[str, Any]:
-    """A message as JSON: key, value and header values as text when UTF-8, else under
-    `<name>_base64`."""
-    out: dict[str, Any] = {"stream": msg.stream, "partition": msg.partition,
-                           "offset": msg.offset, "timestamp_ms": msg.timestamp_ms,
-                           "time": iso_time(msg.timestamp_ms), "subject": msg.subject}
-    out.update(bytes_fields("key", msg.key))
-    out.update(bytes_fields("value", msg.value))
-    headers: dict[str, str] = {}
-    binary: dict[str, str] = {}
-    for name, value in msg.headers.items():
-        for field, shown in bytes_fields(name, value).items():
-            (headers if field == name else binary)[name] = shown
-    out["headers"] = headers
-    if binary:
-        out["headers_base64"] = binary
-    return out
-
-
-def message_text(msg: Message) -> str:
-    """`OFFSET  TIME  KEY  VALUE`: text when UTF-8 (control characters escaped), else
-    `base64:...`; KEY is `-` when the message has none."""
-    return f"{msg.offset}  {iso_time(msg.timestamp_ms)}  {text(msg.key)}  {text(msg.value)}"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [list(headers)] + [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in cells)
 
 
 class Progress:
@@ -192,10 +107,6 @@ class Progress:
         if self.enabled:
             self.out.write("\r\x1b[K")
             self.out.flush()
-
-
-def _emit(args: argparse.Namespace, document: Any, human: str) -> None:
-    print(json.dumps(document) if args.json else human, flush=True)
 
 
 # -- stream commands ---------------------------------------------------------------------------
@@ -243,7 +154,7 @@ async def stream_create(js: Client, args: argparse.Namespace) -> int:
         replication_factor=args.replication_factor, min_isr=args.min_isr,
         **{k: getattr(args, k) for k in _COMPACTION_FLAGS if getattr(args, k) is not None})
     count = info.partition_count
-    _emit(args, stream_json(info),
+    emit(args, stream_json(info),
           f"stream {info.name} ready: subject {info.subject!r}, {count} "
           f"partition{'s' if count != 1 else ''}, ack policy {info.ack_policy}")
     return 0
@@ -274,7 +185,7 @@ async def stream_update(js: Client, args: argparse.Namespace) -> int:
     if not changes:
         raise UsageError("name at least one setting to change, e.g. --retention-ms 60000")
     info = await js.update_stream(args.name, **changes)
-    _emit(args, stream_json(info), f"stream {info.name} updated: " + ", ".join(
+    emit(args, stream_json(info), f"stream {info.name} updated: " + ", ".join(
         f"{k}={v if v is not None else 'none'}" for k, v in changes.items()))
     return 0
 
@@ -283,24 +194,24 @@ async def stream_list(js: Client, args: argparse.Namespace) -> int:
     from jetstream.protocol.names import parse_selector
 
     selector = parse_selector(args.selector or "")
-    streams = [s for s in await js.list_streams() if selector(s.labels)]
+    streams = [s for s in await js.list_streams(internal=args.all) if selector(s.labels)]
     rows = [(s.name, s.subject, s.partition_count, s.replication_factor, s.ack_policy,
              s.ingest_group, _labels_text(s.labels)) for s in streams]
     human = table(["NAME", "SUBJECT", "PARTITIONS", "RF", "ACK", "INGEST_GROUP", "LABELS"], rows) \
         if streams else "no streams"
-    _emit(args, {"streams": [stream_json(s) for s in streams]}, human)
+    emit(args, {"streams": [stream_json(s) for s in streams]}, human)
     return 0
 
 
 async def stream_info(js: Client, args: argparse.Namespace) -> int:
     info = await js.stream_info(args.name)
-    _emit(args, stream_json(info), stream_text(info))
+    emit(args, stream_json(info), stream_text(info))
     return 0
 
 
 async def stream_delete(js: Client, args: argparse.Namespace) -> int:
     await js.delete_stream(args.name)
-    _emit(args, {"deleted": args.name}, f"stream {args.name} deleted")
+    emit(args, {"deleted": args.name}, f"stream {args.name} deleted")
     return 0
 
 
@@ -362,7 +273,7 @@ async def cluster_status(js: Client, args: argparse.Namespace) -> int:
                 _ids(p["replicas"]), p["high_watermark"], p["log_end_offset"])
                for p in partitions]),
     ])
-    _emit(args, {"metadata_leader": leader, "brokers": brokers, "partitions": partitions},
+    emit(args, {"metadata_leader": leader, "brokers": brokers, "partitions": partitions},
           human)
     return 0
 
@@ -402,10 +313,10 @@ async def pub(js: Client, args: argparse.Namespace) -> int:
                            ack_policy=args.ack_policy, partition=args.partition,
                            timeout=ACK_TIMEOUT_S)
     if ack is None:  # ack policy none
-        _emit(args, {"sent": 1, "acked": False},
+        emit(args, {"sent": 1, "acked": False},
               "sent 1 message (ack policy none: the broker sends no ack)")
         return 0
-    _emit(args, _ack_json(ack),
+    emit(args, _ack_json(ack),
           f"acked: stream {ack.stream}, partition {ack.partition}, offset {ack.offset}")
     return 0
 
@@ -452,7 +363,7 @@ async def _pub_many(js: Client, args: argparse.Namespace, template: bytes, key: 
     lines = [f"published {count} messages to {args.subject} in {seconds:.2f} s: "
              f"{rate:,.0f} msgs/s" + (" (ack policy none: not acked)" if no_ack else "")]
     lines += [f"  {s}/{p}  offsets {lo}..{hi}" for (s, p), (lo, hi, _) in sorted(spans.items())]
-    _emit(args, document, "\n".join(lines))
+    emit(args, document, "\n".join(lines))
     return 0
 
 
@@ -462,6 +373,8 @@ async def _pub_many(js: Client, args: argparse.Namespace, template: bytes, key: 
 async def sub(js: Client, args: argparse.Namespace) -> int:
     """Print messages until caught up (or forever with --follow); SIGINT/SIGTERM end it
     with status 0."""
+    if args.group is not None:
+        return await cli_groups.sub_group(js, args)
     start, offset, timestamp_ms = parse_from(args.start, int(time.time() * 1000))
     if args.max is not None and args.max < 1:
         raise UsageError(f"--max must be at least 1, got {args.max}")
@@ -574,11 +487,14 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     for name, kind in _UPDATE_FLAGS.items():
         update.add_argument("--" + name.replace("_", "-"), type=_setting(kind), default=_UNSET,
                             metavar="VALUE", help="'none' for no limit" if kind is int else None)
-    leaf(group, "list", stream_list, "list streams").add_argument(
-        "--selector", help="label selector, e.g. 'app=shop,env in (prod,stage)'")
+    listing = leaf(group, "list", stream_list, "list streams")
+    listing.add_argument("--selector", help="label selector, e.g. 'app=shop,env in (prod,stage)'")
+    listing.add_argument("--all", action="store_true",
+                         help="internal streams too (__offsets: committed offsets)")
     leaf(group, "info", stream_info, "describe a stream and its partitions").add_argument("name")
     leaf(group, "delete", stream_delete, "delete a stream and its data").add_argument("name")
 
+    cli_groups.add_commands(commands, leaf)
     cli_kv.add_arguments(
         leaf(commands, "get", cli_kv.get, "print a key's latest value (compacted streams)"),
         leaf(commands, "keys", cli_kv.keys, "list live keys (compacted streams)"))
@@ -593,11 +509,18 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     publish.add_argument("--count", type=int, default=1,
                          help="publish N messages, pipelined; {i} in VALUE or --key is 1..N")
 
-    subscribe = leaf(commands, "sub", sub, "print a partition's messages")
+    subscribe = leaf(commands, "sub", sub, "print a partition's messages, or with --group "
+                     "those a consumer group gives this member")
     subscribe.add_argument("stream")
+    subscribe.add_argument("--group", help="join this consumer group: read the partitions it "
+                           "assigns, from its committed offsets; commit and leave on exit")
+    subscribe.add_argument("--reset", choices=["earliest", "latest", "error"],
+                           default="earliest",
+                           help="with --group: where a partition with no committed offset "
+                                "starts")
     subscribe.add_argument("--partition", type=int, default=0)
     subscribe.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
-                           help=_FROM_HELP)
+                           help=FROM_HELP)
     subscribe.add_argument("--follow", "-f", action="store_true",
                            help="keep waiting for new messages (Ctrl-C stops, status 0)")
     subscribe.add_argument("--max", type=int, metavar="N", help="stop after N messages")

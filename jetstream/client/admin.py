@@ -115,9 +115,11 @@ class StreamAdmin:
         finally:
             self._router.metadata.drop_stream(name)
 
-    async def list_streams(self) -> list[StreamInfo]:
-        """Every stream, sorted by name."""
-        response = await self._router.admin(m.ListStreamsRequest(), m.ListStreamsResponse)
+    async def list_streams(self, *, internal: bool = False) -> list[StreamInfo]:
+        """Every stream, sorted by name; the internal ones (`__offsets`) only with
+        `internal`."""
+        response = await self._router.admin(m.ListStreamsRequest(internal),
+                                            m.ListStreamsResponse)
         streams = [StreamInfo.from_dict(s) for s in response.streams]
         self._router.remember_streams(streams)
         return streams

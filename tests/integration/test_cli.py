@@ -216,6 +216,38 @@ def test_ingest_group_flag_and_its_deprecated_spelling(broker: BrokerProcess) ->
     assert "INGEST_GROUP" in listed and listed.count("workers") == 2
 
 
+def test_consumer_group_commands(broker: BrokerProcess) -> None:
+    brokers = broker.address
+    jetstream(brokers, "stream", "create", "tasks", "--subject", "tasks")
+    jetstream(brokers, "pub", "tasks", "task {i}", "--count", "5")
+    first = json_lines(brokers, "sub", "tasks", "--group", "crew", "--max", "3", "--format",
+                       "json")
+    assert [m["value"] for m in first] == ["task 1", "task 2", "task 3"]
+    # the member committed what it printed: the next one resumes after it
+    rest = jetstream(brokers, "sub", "tasks", "--group", "crew", "--max", "2").stdout
+    assert rest.splitlines()[0].startswith("tasks/0  3  ") and "task 5" in rest
+
+    listed = json_of(brokers, "groups", "list")["groups"]
+    assert [(g["group"], g["state"], g["members"]) for g in listed] == [("crew", "empty", 0)]
+    described = json_of(brokers, "groups", "describe", "crew")
+    (offset,) = described["offsets"]
+    assert (offset["offset"], offset["high_watermark"], offset["lag"]) == (5, 5, 0)
+    human = jetstream(brokers, "groups", "describe", "crew").stdout
+    assert "state               empty" in human and "COMMITTED" in human
+
+    reset = json_of(brokers, "offsets", "reset", "crew", "tasks", "--to", "earliest")
+    assert reset["offsets"] == {"0": 0}
+    assert json_of(brokers, "groups", "describe", "crew")["offsets"][0]["lag"] == 5
+    jetstream(brokers, "offsets", "reset", "crew", "tasks", "--to", "-1h")
+    assert json_of(brokers, "offsets", "delete", "crew")["deleted_offsets"] == 1
+    assert json_of(brokers, "groups", "describe", "crew")["offsets"] == []
+
+    assert "__offsets" not in jetstream(brokers, "stream", "list").stdout
+    assert "__offsets" in jetstream(brokers, "stream", "list", "--all").stdout
+    refused = jetstream(brokers, "stream", "delete", "__offsets", ok=False)
+    assert refused.returncode == 1 and "STREAM_PROTECTED" in refused.stderr
+
+
 # -- pub and sub -------------------------------------------------------------------------------
 
 

@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from jetstream.cli_client import (
+from jetstream.cli_client import brokers_from
+from jetstream.cli_groups import parse_reset
+from jetstream.cli_text import (
     UsageError,
-    brokers_from,
     message_json,
     message_text,
     normalize_argv,
@@ -97,3 +98,25 @@ def test_messages_render_text_or_base64() -> None:
 
 def test_table_aligns_columns() -> None:
     assert table(["A", "LONG"], [(1, None), ("wide", 2)]) == "A     LONG\n1     -\nwide  2"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("earliest", ("earliest", None, None)),
+        ("Latest", ("latest", None, None)),
+        ("42", ("offset", 42, None)),
+        ("-1h", ("timestamp", None, NOW_MS - 3_600_000)),
+        ("2023-11-14T22:13:20+00:00", ("timestamp", None, NOW_MS)),
+    ],
+)
+def test_offsets_reset_to(text: str, expected: tuple[str, int | None, int | None]) -> None:
+    assert parse_reset(text, NOW_MS) == expected
+
+
+def test_offsets_reset_to_refuses_new_and_nonsense() -> None:
+    for text in ("new", "yesterday"):
+        with pytest.raises(UsageError):
+            parse_reset(text, NOW_MS)
+    assert normalize_argv(["offsets", "reset", "g", "s", "--to", "-5m"]) == [
+        "offsets", "reset", "g", "s", "--to=-5m"]
