@@ -175,13 +175,20 @@ class Admin:
         return {"status": "ok", "broker_id": self._config.broker_id,
                 "streams": len(self._metadata.state.streams)}
 
-    def render_metrics(self) -> str:
+    def render_metrics(self, high_watermarks: Mapping[tuple[str, int], int]) -> str:
         leaders = self._roles.leaders
         for leader in leaders.values():
             leader.metrics.dropped = leader.dropped
         rows = [(s, p, leader.metrics, leader.log.log_end_offset)
                 for (s, p), leader in sorted(leaders.items())]
-        return render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
+        return (render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
+                + "\n".join(self._coordinators.render_metrics(high_watermarks)) + "\n")
+
+    def group_partitions(self) -> list[tuple[str, int]]:
+        return self._coordinators.partitions()
+
+    def high_watermarks(self) -> dict[tuple[str, int], int]:
+        return {key: leader.high_watermark for key, leader in self._roles.leaders.items()}
 
     # -- socket API handlers ----------------------------------------------------------------
 

@@ -75,8 +75,17 @@ class HttpServices(Protocol):
         """This broker's id, status and stream count."""
         ...
 
-    def render_metrics(self) -> str:
-        """The Prometheus text of the broker's and its led partitions' counters."""
+    def render_metrics(self, high_watermarks: Mapping[tuple[str, int], int]) -> str:
+        """The Prometheus text of the broker's, its led partitions' and its consumer groups'
+        counters (`high_watermarks`: of the groups' partitions, for their lag)."""
+        ...
+
+    def group_partitions(self) -> list[tuple[str, int]]:
+        """The partitions the groups this broker coordinates have committed offsets of."""
+        ...
+
+    def high_watermarks(self) -> dict[tuple[str, int], int]:
+        """The high watermark of each partition this broker leads."""
         ...
 
     def cluster_view(self) -> dict[str, Any]:

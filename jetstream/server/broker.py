@@ -50,6 +50,7 @@ from jetstream.server.coordinator import Coordinators
 from jetstream.server.epoch_fence import EpochFence
 from jetstream.server.fetch import Reads
 from jetstream.server.http_api import HttpServer
+from jetstream.server.http_groups import BrokerClient
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics
 from jetstream.server.nats_port import NatsPort, NatsPyNats, connect_nats
@@ -80,6 +81,7 @@ class Broker:
         self._coordinators: Coordinators | None = None
         self._socket_api: SocketApi | None = None
         self._http: HttpServer | None = None
+        self._broker_client: BrokerClient | None = None
         self._failover_task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetstream-io")
         self._stop = asyncio.Event()
@@ -134,7 +136,8 @@ class Broker:
                                      self._dispatcher(admin, roles, kv, offsets, coordinators))
         await self._socket_api.start()
         if self.config.http_port >= 0:
-            self._http = HttpServer(self.config, admin)
+            self._broker_client = BrokerClient(self._own_address)
+            self._http = HttpServer(self.config, admin, self._broker_client)
             self.http_port = await self._http.start()
         me = BrokerInfo(self.config.broker_id, self.config.host, self._socket_api.port,
                         max(self.http_port, 0))
@@ -198,6 +201,10 @@ class Broker:
                 pending_size=64 * 1024 * 1024, flusher_queue_size=16384))
         return await connect_nats(urls, name)
 
+    def _own_address(self) -> str:
+        assert self._socket_api is not None
+        return f"{self.config.host}:{self._socket_api.port}"
+
     def describe_self(self) -> dict[str, Any]:
         port = self._socket_api.port if self._socket_api is not None else 0
         return {"broker_id": self.config.broker_id, "pid": os.getpid(), "host": self.config.host,
@@ -219,6 +226,8 @@ class Broker:
             await self._socket_api.stop()
         if self._http is not None:
             await self._http.stop()
+        if self._broker_client is not None:
+            await self._broker_client.close()
         if self._coordinators is not None:
             await self._coordinators.stop()
         if self._cleaner is not None:

@@ -433,9 +433,42 @@ class Coordinators:
                                       "partition": pg.partition}
         return m.DescribeGroupResponse(description)
 
-    def metrics(self) -> list[tuple[str, GroupEntry]]:
-        return [(name, entry) for pg in self._partitions.values()
-                for name, entry in sorted(pg.groups.items())]
+    def _entries(self) -> list[tuple[str, GroupEntry]]:
+        return sorted((name, entry) for pg in self._partitions.values()
+                      if pg.loaded.is_set() for name, entry in pg.groups.items())
+
+    def partitions(self) -> list[tuple[str, int]]:
+        """The partitions the groups coordinated here have committed offsets of."""
+        return sorted({(sp.stream, sp.partition) for _name, entry in self._entries()
+                       for sp in entry.offsets})
+
+    def render_metrics(self, high_watermarks: Mapping[tuple[str, int], int]) -> list[str]:
+        """Prometheus lines of the groups coordinated here: members, commits, rebalances,
+        and per partition the committed offset and the lag behind `high_watermarks`."""
+        entries = self._entries()
+        lines = []
+        for name, kind, text, value in (
+                ("members", "gauge", "Members of the consumer group.",
+                 lambda e: len(e.group.members)),
+                ("commits_total", "counter", "Offsets committed by the group.",
+                 lambda e: e.commits),
+                ("rebalances_total", "counter", "Changes of the group's target assignment.",
+                 lambda e: e.rebalances)):
+            lines += [f"# HELP jetstream_group_{name} {text}",
+                      f"# TYPE jetstream_group_{name} {kind}"]
+            lines += [f'jetstream_group_{name}{{group="{g}"}} {value(e)}' for g, e in entries]
+        offsets = [(f'group="{group}",stream="{sp.stream}",partition="{sp.partition}"',
+                    value.offset, high_watermarks.get((sp.stream, sp.partition)))
+                   for group, entry in entries for sp, value in sorted(entry.offsets.items())]
+        lines += ["# HELP jetstream_group_committed_offset The group's committed offset.",
+                  "# TYPE jetstream_group_committed_offset gauge"]
+        lines += [f"jetstream_group_committed_offset{{{labels}}} {offset}"
+                  for labels, offset, _hw in offsets]
+        lines += ["# HELP jetstream_group_lag The high watermark less the committed offset.",
+                  "# TYPE jetstream_group_lag gauge"]
+        lines += [f"jetstream_group_lag{{{labels}}} {max(0, hw - offset)}"
+                  for labels, offset, hw in offsets if hw is not None]
+        return lines
 
     # -- the background loop --------------------------------------------------------------------
 

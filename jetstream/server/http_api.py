@@ -1,9 +1,10 @@
 """The broker's HTTP API (FastAPI, served by uvicorn inside the broker's event loop).
 
-Stream CRUD, health, cluster view, Prometheus metrics, and reading and appending messages.
-The routes call the broker only through `HttpServices` (jetstream.server.api; the broker
-passes its stream admin), the same services the socket API's handlers use, so both behave
-alike. OpenAPI docs are served at /docs, the document at /openapi.json.
+Stream CRUD, health, cluster view, Prometheus metrics, reading and appending messages, and
+consumer groups (jetstream.server.http_groups). The stream routes call the broker only
+through `HttpServices` (jetstream.server.api; the broker passes its stream admin), the same
+services the socket API's handlers use, so both behave alike; the group routes go through
+the broker's own client. OpenAPI docs are served at /docs, the document at /openapi.json.
 
 Errors: every error answer, whatever raised it, has one body, `{"error": {"code", "message",
 ...}}` (the `ErrorResponse` model, declared in every route's responses), with the stable
@@ -50,6 +51,7 @@ from jetstream.protocol import messages as m
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.server.api import HttpServices
 from jetstream.server.config import BrokerConfig
+from jetstream.server.http_groups import BrokerClient, add_group_routes
 from jetstream.stream.format import Record, StoredRecord, decode_batches
 
 #: Most messages one GET returns and one POST appends.
@@ -79,6 +81,17 @@ _STATUS = {
     "NOT_ENOUGH_REPLICAS": 503,
     "METADATA_UNAVAILABLE": 503,
     "DISK_FULL": 507,
+    "STREAM_PROTECTED": 403,
+    "NOT_COORDINATOR": 503,
+    "UNKNOWN_MEMBER_ID": 409,
+    "FENCED_MEMBER": 409,
+    "STALE_MEMBER_EPOCH": 409,
+    "PARTITION_NOT_ASSIGNED": 409,
+    "OFFSET_BEHIND_COMMITTED": 409,
+    "GROUP_NOT_EMPTY": 409,
+    "GROUP_FULL": 409,
+    "TOO_MANY_GROUPS": 507,
+    "NO_COMMITTED_OFFSET": 404,
 }
 
 
@@ -103,8 +116,10 @@ class ErrorResponse(BaseModel):
 
 _DESCRIPTIONS = {
     400: "Bad request (BAD_REQUEST, INVALID_STREAM_CONFIG)",
+    403: "An internal stream (STREAM_PROTECTED)",
     404: "Unknown stream, partition or route",
-    409: "The stream exists with another config (STREAM_EXISTS)",
+    409: "The stream exists with another config (STREAM_EXISTS); a group's refusal "
+         "(GROUP_NOT_EMPTY, OFFSET_BEHIND_COMMITTED, UNKNOWN_MEMBER_ID, ...)",
     413: "A message or batch too large",
     416: "Offset out of range (OFFSET_OUT_OF_RANGE)",
     503: "Not the leader, not enough replicas, or metadata unavailable: retry",
@@ -215,7 +230,7 @@ def record_from_json(item: object, i: int) -> Record:
     )
 
 
-def build_app(services: HttpServices) -> FastAPI:
+def build_app(services: HttpServices, broker_client: BrokerClient) -> FastAPI:
     app = FastAPI(title="Jetstream broker", version="0.1.0",
                   description="Streams on NATS subjects: CRUD, reads, appends, metrics. "
                   "Every error answer has the ErrorResponse body.")
@@ -250,7 +265,10 @@ def build_app(services: HttpServices) -> FastAPI:
         200: {"description": "Prometheus text format",
               "content": {"text/plain": {"schema": {"type": "string"}}}}, **_errors()})
     async def metrics() -> Response:
-        return PlainTextResponse(services.render_metrics())
+        wanted = services.group_partitions()
+        hws = await broker_client.high_watermarks(wanted, services.high_watermarks()) \
+            if wanted else {}
+        return PlainTextResponse(services.render_metrics(hws))
 
     @app.get("/cluster", responses=_errors())
     async def cluster() -> dict[str, Any]:
@@ -361,6 +379,7 @@ def build_app(services: HttpServices) -> FastAPI:
         first, end = await leader.append_direct(records, policy)
         return {"stream": name, "partition": partition, "offsets": list(range(first, end))}
 
+    add_group_routes(app, broker_client, _errors)
     return app
 
 
@@ -373,9 +392,11 @@ class _QuietServer(uvicorn.Server):
 
 
 class HttpServer:
-    def __init__(self, config: BrokerConfig, services: HttpServices) -> None:
+    def __init__(self, config: BrokerConfig, services: HttpServices,
+                 broker_client: BrokerClient) -> None:
         self._config = config
         self._services = services
+        self._broker_client = broker_client
         self._server: _QuietServer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -387,8 +408,8 @@ class HttpServer:
         sock.listen(128)
         sock.setblocking(False)
         port: int = sock.getsockname()[1]
-        uv_config = uvicorn.Config(build_app(self._services), log_level="warning",
-                                   lifespan="off", access_log=False)
+        uv_config = uvicorn.Config(build_app(self._services, self._broker_client),
+                                   log_level="warning", lifespan="off", access_log=False)
         server = self._server = _QuietServer(uv_config)
         task = self._task = asyncio.create_task(server.serve(sockets=[sock]))
         deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S

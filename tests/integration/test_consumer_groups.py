@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+import httpx
 import pytest
 
 from jetstream.client import Client, PublishMessage
@@ -22,6 +23,7 @@ from jetstream.errors import (
     UnknownMemberId,
     UnknownStream,
 )
+from jetstream.server.process import BrokerProcess
 
 DEADLINE_S = 20.0
 
@@ -165,3 +167,44 @@ async def test_a_member_cannot_commit_a_partition_it_gave_up(js: Client) -> None
         await js.commit_offset("billing", "pay", 0, 1)
     await a.close()
     await b.close()
+
+
+async def test_groups_over_http_and_their_metrics(js: Client, broker: BrokerProcess) -> None:
+    await js.create_stream("clicks", "clicks", partitions=2)
+    await publish(js, "clicks", 2, 10)
+    async with httpx.AsyncClient(base_url=broker.http_url, timeout=20) as http:
+        committed = await http.post("/groups/etl/offsets", json={
+            "offsets": [{"stream": "clicks", "partition": 0, "offset": 3},
+                        {"stream": "clicks", "partition": 1, "offset": 5}]})
+        assert committed.status_code == 200, committed.text
+        backwards = await http.post("/groups/etl/offsets", json={
+            "offsets": [{"stream": "clicks", "partition": 0, "offset": 1}]})
+        assert backwards.status_code == 409
+        assert backwards.json()["error"]["code"] == "OFFSET_BEHIND_COMMITTED"
+        offsets = (await http.get("/groups/etl/offsets")).json()["offsets"]
+        assert [(o["partition"], o["offset"]) for o in offsets] == [(0, 3), (1, 5)]
+        described = (await http.get("/groups/etl")).json()
+        assert [(o["partition"], o["lag"]) for o in described["offsets"]] == [(0, 2), (1, 0)]
+        listed = (await http.get("/groups")).json()["groups"]
+        assert [g["group"] for g in listed] == ["etl"]
+
+        metrics = (await http.get("/metrics")).text
+        assert 'jetstream_group_lag{group="etl",stream="clicks",partition="0"} 2' in metrics
+        assert 'jetstream_group_commits_total{group="etl"} 2' in metrics
+
+        reset = await http.post("/groups/etl/offsets/reset",
+                                json={"stream": "clicks", "to": "earliest"})
+        assert reset.json()["offsets"] == {"0": 0, "1": 0}
+        bad = await http.post("/groups/etl/offsets/reset", json={"stream": "clicks",
+                                                                "to": "soon"})
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "to"
+        deleted = await http.delete("/groups/etl/offsets")
+        assert deleted.json()["deleted_offsets"] == 2
+
+        names = [s["name"] for s in (await http.get("/streams?all=true")).json()["streams"]]
+        assert "__offsets" in names
+        assert "__offsets" not in [s["name"] for s in
+                                   (await http.get("/streams")).json()["streams"]]
+        protected = await http.delete("/streams/__offsets")
+        assert protected.status_code == 403
+        assert protected.json()["error"]["code"] == "STREAM_PROTECTED"
