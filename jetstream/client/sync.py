@@ -7,13 +7,18 @@
         js.publish("orders.new", b"hello")
         for message in js.subscribe("orders", stop="latest"):
             print(message.offset, message.value)
+        with js.subscribe("orders", group="billing") as member:
+            for message in member:  # the partitions the group gives this member
+                handle(message)
 
 Theory of operation: a `SyncClient` runs its own event loop in a daemon thread and owns an
 asyncio `Client` that lives on that loop. Each method hands the matching coroutine to the
 loop (`run_coroutine_threadsafe`) and blocks the calling thread until it is done, so
 results, errors and timeouts are the async client's. A subscription becomes a plain
 iterator that asks the loop for one batch at a time (Subscription.next_batch), so the
-thread hop costs once per batch, not per message. `close()` closes the client, stops the
+thread hop costs once per batch, not per message. A consumer-group member is iterated one
+message per hop: asking for the next message is what tells it the previous one is done
+(its auto-commit commits only finished messages). `close()` closes the client, stops the
 loop and joins the thread.
 """
 
@@ -23,12 +28,13 @@ import asyncio
 import collections
 import functools
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from jetstream.client.client import METADATA_MAX_AGE_S, Client
 from jetstream.client.client import connect as connect_async
 from jetstream.client.connection import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, REQUESTS_MAX
+from jetstream.client.group_subscription import GroupMessage, GroupSubscription
 from jetstream.client.subscription import Subscription
 from jetstream.client.types import BrokerInfo, Message
 
@@ -49,21 +55,6 @@ def _blocking(method: Callable[Concatenate[Client, _P], Awaitable[_T]]
         return self._run(run())
 
     functools.update_wrapper(call, method)  # name, docstring and signature of the original
-    return call
-
-
-def _subscribing(method: Callable[Concatenate[Client, _P], Subscription]
-                 ) -> Callable[Concatenate[SyncClient, _P], SyncSubscription]:
-    """A SyncClient method that makes the Subscription `method` makes, started on the
-    client's loop, and iterates it from the calling thread."""
-
-    def call(self: SyncClient, /, *args: _P.args, **kwargs: _P.kwargs) -> SyncSubscription:
-        async def make() -> Subscription:
-            return await method(self._client, *args, **kwargs)
-
-        return SyncSubscription(self, self._run(make()))
-
-    functools.update_wrapper(call, method)
     return call
 
 
@@ -94,6 +85,39 @@ class SyncSubscription:
         self._owner._run(self._subscription.close())
 
     def __enter__(self) -> SyncSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncGroupSubscription:
+    """A blocking iterator over a consumer-group member (see Client.subscribe(group=))."""
+
+    def __init__(self, owner: SyncClient, member: GroupSubscription) -> None:
+        self._owner = owner
+        self._member = member
+
+    def __iter__(self) -> Iterator[GroupMessage]:
+        return self
+
+    def __next__(self) -> GroupMessage:
+        try:
+            return self._owner._run(self._member.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    @property
+    def assignment(self) -> frozenset[tuple[str, int]]:
+        return self._member.assignment
+
+    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        self._owner._run(self._member.commit(offsets))
+
+    def close(self) -> None:
+        self._owner._run(self._member.close())
+
+    def __enter__(self) -> SyncGroupSubscription:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -138,7 +162,39 @@ class SyncClient:
     publish_batch = _blocking(Client.publish_batch)
     fetch = _blocking(Client.fetch)
     offset_for_timestamp = _blocking(Client.offset_for_timestamp)
-    subscribe = _subscribing(Client.subscribe)
+    commit_offset = _blocking(Client.commit_offset)
+    commit_offsets = _blocking(Client.commit_offsets)
+    fetch_offset = _blocking(Client.fetch_offset)
+    fetch_offsets = _blocking(Client.fetch_offsets)
+    reset_offsets = _blocking(Client.reset_offsets)
+    delete_group = _blocking(Client.delete_group)
+    list_groups = _blocking(Client.list_groups)
+    describe_group = _blocking(Client.describe_group)
+
+    @overload
+    def subscribe(self, stream: str, partition: int = 0, *, group: None = None,
+                  **options: Any) -> SyncSubscription: ...
+
+    @overload
+    def subscribe(self, stream: str | Sequence[str] | None = None, *, group: str,
+                  **options: Any) -> SyncGroupSubscription: ...
+
+    def subscribe(self, stream: str | Sequence[str] | None = None, partition: int = 0, *,
+                  group: str | None = None, **options: Any
+                  ) -> SyncSubscription | SyncGroupSubscription:
+        """Client.subscribe, started on the client's loop, iterated from this thread: a
+        partition's messages, or with `group=` a consumer-group member's."""
+        async def make() -> Subscription | GroupSubscription:
+            if group is None:
+                if not isinstance(stream, str):
+                    raise TypeError("a partition subscription names one stream")
+                return await self._client.subscribe(stream, partition, **options).start()
+            return await self._client.subscribe(stream, group=group, **options).start()
+
+        made = self._run(make())
+        if isinstance(made, GroupSubscription):
+            return SyncGroupSubscription(self, made)
+        return SyncSubscription(self, made)
 
     def close(self) -> None:
         """Close the client and stop its thread. Idempotent."""

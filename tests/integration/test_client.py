@@ -450,3 +450,22 @@ def test_sync_client(broker: BrokerProcess) -> None:
     assert values == [b"1", b"2", b"3"]
     assert [msg.subject for msg in fetched.messages] == ["scripted.two", "scripted.three"]
     assert not js._thread.is_alive()  # close() stopped the loop's thread
+
+
+def test_sync_consumer_group_member(broker: BrokerProcess) -> None:
+    with sync.connect(broker.address) as js:
+        js.create_stream("chores", "chores", partitions=2)
+        js.publish_batch([PublishMessage("chores", b"%d" % i, partition=i % 2)
+                          for i in range(6)])
+        with js.subscribe("chores", group="house", auto_commit=False) as member:
+            got = []
+            for msg in member:
+                got.append((msg.partition, msg.offset))
+                if len(got) == 6:
+                    break
+            assert member.assignment == {("chores", 0), ("chores", 1)}
+            member.commit()
+        assert sorted(got) == [(p, o) for p in (0, 1) for o in range(3)]
+        assert js.fetch_offsets("house").keys() == {("chores", 0), ("chores", 1)}
+        assert js.fetch_offset("house", "chores", 1) == 3
+        assert [g.group for g in js.list_groups()] == ["house"]
