@@ -169,7 +169,8 @@ class Admin:
 
     def cluster_view(self) -> dict[str, Any]:
         return {"brokers": self.brokers(), **self.metadata_status(),
-                "streams": self.describe_streams(), "roles": self._roles.describe()}
+                "streams": self.describe_streams(internal=True),
+                "roles": self._roles.describe()}
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "broker_id": self._config.broker_id,

@@ -30,12 +30,14 @@ import httpx
 
 from jetstream.compaction.planner import CleanupPolicy
 from jetstream.natsd import NatsServer, restartable_ports
+from jetstream.offsets.records import OFFSETS_STREAM, coordinator_partition
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.process import BrokerProcess
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.log import Log
 from tests.faults.checker import Record, Replica
 from tests.faults.proxy import Mode, Relays
+from tests.faults.workload import GROUP_DRAIN_S
 
 T = TypeVar("T")
 HOST = "127.0.0.1"
@@ -49,6 +51,8 @@ TUNING = ("--replica-lag-ms-max", "2000", "--replica-leader-timeout-ms", "1000",
           "--broker-timeout-ms", "2000", "--checkpoint-interval-ms", "200", "-v")
 HEALTHY_TIMEOUT_S = 60.0
 WORKLOAD_STOP_TIMEOUT_S = 30.0
+#: `__offsets` partitions in the fault cluster (fewer than the default: quicker to create).
+OFFSETS_PARTITIONS = 3
 
 
 class ClusterStuck(AssertionError):
@@ -71,7 +75,7 @@ class PartitionView:
 class FaultCluster:
     def __init__(self, work_dir: Path, *, partitions: int = 1,
                  fsync: FsyncPolicy = FsyncPolicy.ALWAYS, rate: int = 400,
-                 seed: int = 0, compacted_keys: int = 0) -> None:
+                 seed: int = 0, compacted_keys: int = 0, group: str = "") -> None:
         self.work_dir = work_dir
         self.partitions = partitions
         self.fsync = fsync
@@ -79,6 +83,8 @@ class FaultCluster:
         self.rng = random.Random(seed)
         #: A compacted stream whose writes go to this many keys (0: a plain stream).
         self.compacted_keys = compacted_keys
+        #: A consumer group reading the stream (its members run in the workload), or "".
+        self.group = group
         self.history_path = work_dir / "history.jsonl"
         self.nats: NatsServer | None = None
         self.relays: Relays | None = None
@@ -112,7 +118,8 @@ class FaultCluster:
                 self.work_dir / f"broker{b}", self.nats.url, broker_id=b,
                 extra_args=("--cluster", members, "--raft-routes", ",".join(raft_routes),
                             "--peer-routes", ",".join(peer_routes), "--http-port", "0",
-                            "--cleaner-backoff-ms", "200", *TUNING))
+                            "--cleaner-backoff-ms", "200",
+                            "--offsets-partitions", str(OFFSETS_PARTITIONS), *TUNING))
             broker.port = api_ports[b]
             self.brokers.append(broker)
         for broker in self.brokers:
@@ -143,6 +150,8 @@ class FaultCluster:
                 "--history", str(self.history_path)]
         if self.compacted_keys:
             argv += ["--keys", str(self.compacted_keys), "--delete-every", "7"]
+        if self.group:
+            argv += ["--group", self.group, "--members", "3"]
         with open(self.work_dir / "workload.log", "ab") as out:
             self._workload = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL)
@@ -152,8 +161,8 @@ class FaultCluster:
         if proc is None or proc.poll() is not None:
             return
         os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(WORKLOAD_STOP_TIMEOUT_S)
+        try:  # a group's members first consume and commit everything acked
+            proc.wait(WORKLOAD_STOP_TIMEOUT_S + (GROUP_DRAIN_S if self.group else 0))
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(WORKLOAD_STOP_TIMEOUT_S)
@@ -194,16 +203,17 @@ class FaultCluster:
                 return result
         return None
 
-    def partition(self, partition: int, *, from_leader: bool = True) -> PartitionView | None:
+    def partition(self, partition: int, *, from_leader: bool = True,
+                  stream: str = STREAM) -> PartitionView | None:
         """The partition as the metadata has it; with HW and LEOs when its leader answers."""
         view = self.view()
-        entry = _partition_entry(view, partition)
+        entry = _partition_entry(view, partition, stream)
         if entry is None:
             return None
         result = PartitionView(partition, entry["leader"], entry["leader_epoch"],
                                entry["replicas"], entry["isr"])
         if from_leader and result.leader in self.live():
-            led = _partition_entry(self.view(result.leader), partition)
+            led = _partition_entry(self.view(result.leader), partition, stream)
             if led is not None and led["leader"] == result.leader and \
                     "high_watermark" in led:
                 result.high_watermark = led["high_watermark"]
@@ -238,8 +248,11 @@ class FaultCluster:
         def healthy() -> bool:
             if len(self.live()) != BROKERS:
                 return False
-            for p in range(self.partitions):
-                view = self.partition(p)
+            wanted = [(STREAM, p) for p in range(self.partitions)]
+            if self.group and self.offsets_created():
+                wanted += [(OFFSETS_STREAM, p) for p in range(OFFSETS_PARTITIONS)]
+            for stream, p in wanted:
+                view = self.partition(p, stream=stream)
                 if view is None or view.high_watermark is None or \
                         sorted(view.isr) != sorted(view.replicas):
                     return False
@@ -247,10 +260,17 @@ class FaultCluster:
 
         self.wait(healthy, "a healthy cluster (all brokers up, every ISR full)", timeout_s)
 
+    def offsets_created(self) -> bool:
+        return _partition_entry(self.view(), 0, OFFSETS_STREAM) is not None
+
+    def coordinator_partition(self) -> int:
+        return coordinator_partition(self.group, OFFSETS_PARTITIONS)
+
     def wait_new_leader(self, partition: int, old_epoch: int,
-                        timeout_s: float = HEALTHY_TIMEOUT_S) -> PartitionView:
+                        timeout_s: float = HEALTHY_TIMEOUT_S,
+                        stream: str = STREAM) -> PartitionView:
         def moved() -> PartitionView | None:
-            view = self.partition(partition)
+            view = self.partition(partition, stream=stream)
             if view is None or view.leader_epoch <= old_epoch or view.high_watermark is None:
                 return None
             return view
@@ -390,11 +410,12 @@ def read_log(directory: Path) -> list[Record]:
     return records
 
 
-def _partition_entry(view: dict[str, Any] | None, partition: int) -> dict[str, Any] | None:
+def _partition_entry(view: dict[str, Any] | None, partition: int,
+                     name: str = STREAM) -> dict[str, Any] | None:
     if view is None:
         return None
     for stream in view.get("streams", []):
-        if stream.get("name") == STREAM:
+        if stream.get("name") == name:
             for entry in stream["partitions"]:
                 if entry["partition"] == partition:
                     return dict(entry)

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 
+from jetstream.offsets.records import OFFSETS_STREAM
 from jetstream.stream.config import FsyncPolicy
 from tests.faults.cluster import BROKERS, FaultCluster
 from tests.faults.proxy import Mode
@@ -39,6 +40,22 @@ def kill_leader(c: FaultCluster) -> list[float]:
     hold(c.rng.uniform(0.5, 2.0))
     c.restart(leader)
     return [killed_at]
+
+
+def kill_coordinator(c: FaultCluster) -> list[float]:
+    """SIGKILL the leader of the consumer group's `__offsets` partition (its coordinator)
+    while the members consume and commit; restart it once another broker leads. Without a
+    group (or before `__offsets` exists), the stream's leader instead."""
+    if not c.group or not c.offsets_created():
+        return kill_leader(c)
+    partition = c.coordinator_partition()
+    view = c.wait(lambda: c.partition(partition, from_leader=False, stream=OFFSETS_STREAM),
+                  "the coordinator")
+    c.kill(view.leader)
+    c.wait_new_leader(partition, view.leader_epoch, stream=OFFSETS_STREAM)
+    hold(c.rng.uniform(0.5, 2.0))
+    c.restart(view.leader)
+    return []
 
 
 def kill_follower(c: FaultCluster) -> list[float]:
@@ -199,3 +216,6 @@ ALL: dict[str, Fault] = {
     "rolling_restart": rolling_restart,
     "slow_links": slow_links,
 }
+
+#: Faults for a consumer group's scenario only (run_mix takes them by name too).
+GROUP_FAULTS: dict[str, Fault] = {"kill_coordinator": kill_coordinator}

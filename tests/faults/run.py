@@ -28,18 +28,22 @@ from jetstream.stream.config import FsyncPolicy
 from tests.faults.checker import Report, check
 from tests.faults.cluster import ClusterStuck, FaultCluster
 from tests.faults.compacted import CompactedReport, check_compacted
-from tests.faults.faults import ALL
+from tests.faults.faults import ALL, GROUP_FAULTS
+from tests.faults.groups import check_group
 
 
 def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
             partitions: int = 1, faults: list[str] | None = None, cycles: int | None = None,
-            log: Any = None, compacted_keys: int = 0) -> dict[str, Any]:
+            log: Any = None, compacted_keys: int = 0, group: str = "") -> dict[str, Any]:
     """Run the mix for `seconds` of load (or exactly `cycles` faults); the checker's report
-    plus the run's figures."""
+    plus the run's figures. With `group`, the stream is read by a consumer group whose
+    members run in the workload, and the group's checker (tests/faults/groups.py) adds its
+    figures, prefixed `group_`."""
     names = faults or sorted(ALL)
+    every = {**ALL, **GROUP_FAULTS}
     rng = random.Random(seed)
     cluster = FaultCluster(work_dir, partitions=partitions, fsync=fsync, seed=seed,
-                           compacted_keys=compacted_keys)
+                           compacted_keys=compacted_keys, group=group)
     kills: list[tuple[str, float]] = []
     done: Counter[str] = Counter()
     stuck = ""
@@ -55,7 +59,7 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
             if log is not None:
                 print(f"[{time.monotonic() - started:7.1f} s] {name}", file=log, flush=True)
             try:
-                kills += [(name, t) for t in ALL[name](cluster)]
+                kills += [(name, t) for t in every[name](cluster)]
                 cluster.wait_healthy()
                 cluster.wait_progress()
             except ClusterStuck as exc:
@@ -64,12 +68,17 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
             done[name] += 1
         replicas = cluster.finish()  # ClusterStuck here: nothing can be checked
         load_seconds = time.time() - load_started
+        history = cluster.history()
         report: Report | CompactedReport = (
-            check_compacted(cluster.history(), replicas) if compacted_keys
-            else check(cluster.history(), replicas, kills))
+            check_compacted(history, replicas) if compacted_keys
+            else check(history, replicas, kills))
+        group_report = check_group(history) if group else None
     finally:
         cluster.close()
     result = report.to_dict()
+    if group_report is not None:
+        result.update({f"group_{k}": v for k, v in group_report.to_dict().items()})
+        result["safe"] = result["safe"] and group_report.safe
     result.update(
         fault_cycles=sum(done.values()), faults=dict(sorted(done.items())), seed=seed,
         fsync=fsync.value, partitions=partitions, seconds=round(load_seconds, 1),
