@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import subprocess
 import sys
@@ -41,12 +40,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import nats
 
 import jetstream
+from bench.common import JsonObject, Message, cpu_seconds, percentile, publish_pipelined
 from jetstream.compaction.cleaner import clean
 from jetstream.compaction.planner import CleaningPlan, CompactionConfig
 from jetstream.natsd import NatsServer
@@ -57,10 +56,8 @@ from jetstream.stream.config import FsyncPolicy, LogConfig, MiB
 from jetstream.stream.log import Log
 
 RESULTS_DIR = Path(__file__).parent / "results"
-JsonObject = dict[str, Any]
 VALUE = b"v" * 128
 STREAM, SUBJECT, BUCKET = "kv", "kv.in", "kv"
-ACK_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,57 +80,6 @@ def workload(plan: Plan) -> list[tuple[bytes, bytes | None]]:
     return [(b"key-%05d" % rng.randrange(plan.keys),
              None if rng.random() < plan.tombstone_share else VALUE)
             for _ in range(plan.records)]
-
-
-def percentile(samples: Sequence[float], p: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))] if ordered else 0.0
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-# -- the publisher and the gets, shared by both sides ---------------------------------------
-
-Message = tuple[str, bytes, dict[str, str] | None]
-
-
-async def publish_pipelined(url: str, messages: Sequence[Message], window: int) -> JsonObject:
-    nc = await nats.connect(url, pending_size=64 * MiB)
-    inbox = nc.new_inbox()
-    count = len(messages)
-    sent_at = [0.0] * count
-    latencies: list[float] = []
-    state = {"in_flight": 0, "acked": 0, "errors": 0}
-    room, done = asyncio.Event(), asyncio.Event()
-
-    async def on_ack(msg: Any) -> None:
-        latencies.append(time.perf_counter() - sent_at[int(msg.subject.rsplit(".", 1)[1])])
-        if b'"error"' in msg.data:
-            state["errors"] += 1
-        state["acked"] += 1
-        state["in_flight"] -= 1
-        room.set()
-        if state["acked"] == count:
-            done.set()
-
-    await nc.subscribe(inbox + ".*", cb=on_ack, pending_msgs_limit=10 * window)
-    await nc.flush()
-    started = time.perf_counter()
-    for i, (subject, payload, headers) in enumerate(messages):
-        while state["in_flight"] >= window:
-            room.clear()
-            await room.wait()
-        sent_at[i] = time.perf_counter()
-        state["in_flight"] += 1
-        await nc.publish(subject, payload, reply=f"{inbox}.{i}", headers=headers)
-    await asyncio.wait_for(done.wait(), ACK_TIMEOUT_S)
-    elapsed = time.perf_counter() - started
-    await nc.close()
-    return {"puts_per_s": count / elapsed, "ack_p50_ms": percentile(latencies, 50) * 1000,
-            "ack_p99_ms": percentile(latencies, 99) * 1000, "errors": state["errors"]}
 
 
 async def timed_gets(get: Callable[[bytes], Awaitable[object]], keys: Sequence[bytes],

@@ -257,12 +257,16 @@ class GroupSubscription:
         (or briefly, while not a member)."""
         wait_s = max(0.01, min(1.0, self._lease_until - time.monotonic()))
         getter = asyncio.ensure_future(self._queue.get())
-        done, _ = await asyncio.wait([getter], timeout=wait_s)
+        try:
+            done, _ = await asyncio.wait([getter], timeout=wait_s)
+        except asyncio.CancelledError:
+            getter.cancel()
+            raise
         if getter not in done:
             getter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await getter
-            return
+            await asyncio.wait({getter})  # a cancellation of this task still propagates
+            if getter.cancelled():
+                return
         feed, batch = getter.result()
         if feed.error is not None and not feed.revoked \
                 and self._feeds.get((feed.stream, feed.partition)) is feed:
@@ -323,7 +327,7 @@ class GroupSubscription:
 
     async def _auto_commit_loop(self) -> None:
         interval = self._settings.auto_commit_interval_ms / 1000
-        while True:
+        while not self._closed:
             await asyncio.sleep(interval)
             if self.member_id and self._lease_valid():
                 try:
@@ -334,37 +338,54 @@ class GroupSubscription:
     # -- membership -----------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
-        settings = self._settings
         delay = RETRY_S
-        interval_ms = settings.heartbeat_interval_ms
-        while True:
-            request = m.GroupHeartbeatRequest(
-                self.group, self.member_id, self.member_epoch, self._streams, self._selector,
-                [[s, p] for s, p in sorted(self.assignment)], settings.session_timeout_ms,
-                interval_ms if self.member_id else 0, settings.client_id)
-            sent = time.monotonic()
+        interval_ms = self._settings.heartbeat_interval_ms
+        # `_closed`, not only the cancellation: asyncio.wait_for (3.11) may swallow a
+        # cancellation that lands as its answer arrives, and this loop would go on.
+        while not self._closed:
             try:
-                response = await self._client.coordinator_request(
-                    self.group, request, m.GroupHeartbeatResponse, attempts=1,
-                    timeout_s=interval_ms / 1000 + 5.0)
+                interval_ms = await self._heartbeat(interval_ms)
+                delay = RETRY_S
+                continue
             except (UnknownMemberId, FencedMember) as exc:
                 await self._lose_all(str(exc))
                 continue
             except JetstreamError as exc:
                 if not exc.retriable:
-                    self._error = exc  # the consumer raises it
-                    self._joined.set()
+                    self._fail(exc)
                     return
                 self._client.forget_coordinator(self.group)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
-                continue
-            delay = RETRY_S
-            self._lease_until = sent + response.session_timeout_ms / 1000
-            interval_ms = response.heartbeat_interval_ms
-            self.member_id, self.member_epoch = response.member_id, response.member_epoch
-            await self._reconcile(frozenset((s, p) for s, p in response.assignment))
-            self._joined.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug must surface in the consumer, not vanish
+                log.exception("group %s: the member's heartbeat failed", self.group)
+                self._fail(JetstreamError(f"group {self.group}: member failed: {exc!r}"))
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    def _fail(self, exc: JetstreamError) -> None:
+        self._error = exc  # the consumer raises it
+        self._joined.set()
+
+    async def _heartbeat(self, interval_ms: int) -> int:
+        """One heartbeat and the reconciliation of its answer; the next interval. A failure
+        to reconcile (offsets not fetched) is retried with the next heartbeat: what the
+        member reports holding is what it holds."""
+        settings = self._settings
+        request = m.GroupHeartbeatRequest(
+            self.group, self.member_id, self.member_epoch, self._streams, self._selector,
+            [[s, p] for s, p in sorted(self.assignment)], settings.session_timeout_ms,
+            interval_ms if self.member_id else 0, settings.client_id)
+        sent = time.monotonic()
+        response: m.GroupHeartbeatResponse = await self._client.coordinator_request(
+            self.group, request, m.GroupHeartbeatResponse, attempts=1,
+            timeout_s=interval_ms / 1000 + 5.0)
+        self._lease_until = sent + response.session_timeout_ms / 1000
+        self.member_id, self.member_epoch = response.member_id, response.member_epoch
+        await self._reconcile(frozenset((s, p) for s, p in response.assignment))
+        self._joined.set()
+        return response.heartbeat_interval_ms
 
     async def _reconcile(self, assignment: frozenset[Partition]) -> None:
         held = self.assignment

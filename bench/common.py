@@ -1,0 +1,69 @@
+"""What the benchmarks share: percentiles, a process's CPU time, and the pipelined raw
+NATS publisher (the fastest nats-py path: `nc.publish(subject, payload, reply=inbox.N)`
+with one `inbox.*` subscription; see FIELD_NOTES) that loads both sides of a comparison."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from jetstream.stream.config import MiB
+
+JsonObject = dict[str, Any]
+#: (subject, payload, headers) of one publish.
+Message = tuple[str, bytes, dict[str, str] | None]
+ACK_TIMEOUT_S = 300.0
+
+
+def percentile(samples: Sequence[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))] if ordered else 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- the publisher --------------------------------------------------------------------------
+
+async def publish_pipelined(url: str, messages: Sequence[Message], window: int) -> JsonObject:
+    nc = await nats.connect(url, pending_size=64 * MiB)
+    inbox = nc.new_inbox()
+    count = len(messages)
+    sent_at = [0.0] * count
+    latencies: list[float] = []
+    state = {"in_flight": 0, "acked": 0, "errors": 0}
+    room, done = asyncio.Event(), asyncio.Event()
+
+    async def on_ack(msg: Any) -> None:
+        latencies.append(time.perf_counter() - sent_at[int(msg.subject.rsplit(".", 1)[1])])
+        if b'"error"' in msg.data:
+            state["errors"] += 1
+        state["acked"] += 1
+        state["in_flight"] -= 1
+        room.set()
+        if state["acked"] == count:
+            done.set()
+
+    await nc.subscribe(inbox + ".*", cb=on_ack, pending_msgs_limit=10 * window)
+    await nc.flush()
+    started = time.perf_counter()
+    for i, (subject, payload, headers) in enumerate(messages):
+        while state["in_flight"] >= window:
+            room.clear()
+            await room.wait()
+        sent_at[i] = time.perf_counter()
+        state["in_flight"] += 1
+        await nc.publish(subject, payload, reply=f"{inbox}.{i}", headers=headers)
+    await asyncio.wait_for(done.wait(), ACK_TIMEOUT_S)
+    elapsed = time.perf_counter() - started
+    await nc.close()
+    return {"puts_per_s": count / elapsed, "ack_p50_ms": percentile(latencies, 50) * 1000,
+            "ack_p99_ms": percentile(latencies, 99) * 1000, "errors": state["errors"]}
