@@ -53,6 +53,7 @@ from jetstream.errors import (
     UnknownMemberId,
 )
 from jetstream.protocol import messages as m
+from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +186,11 @@ class GroupSubscription:
                 self._tasks.append(loop.create_task(self._auto_commit_loop(),
                                                     name=f"auto-commit {self.group}"))
             joined = loop.create_task(self._joined.wait())
-            await asyncio.wait([joined, self._tasks[0]], return_when=asyncio.FIRST_COMPLETED)
-            joined.cancel()
+            try:
+                await asyncio.wait([joined, self._tasks[0]],
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await cancel_and_wait(joined)
             if self._error is not None:
                 raise self._error
         return self
@@ -204,9 +208,7 @@ class GroupSubscription:
         self._closed = True
         self._in_hand = None
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
         if self._settings.auto_commit and self._lease_valid():
             with contextlib.suppress(JetstreamError):
                 await self._commit_done(list(self._feeds.values()))
@@ -441,10 +443,9 @@ class GroupSubscription:
         feeds = [self._feeds.pop(p) for p in partitions if p in self._feeds]
         for feed in feeds:
             feed.revoked = True
-            if feed.pump is not None:
-                feed.pump.cancel()
-        await asyncio.gather(*(f.pump for f in feeds if f.pump is not None),
-                             return_exceptions=True)
+        # Cancelled again until done: a cancellation a fetch swallowed (asyncio.wait_for in
+        # 3.11) would leave a pump blocked on the full queue.
+        await cancel_and_wait(*(f.pump for f in feeds))
         for feed in feeds:
             if feed.subscription is not None:
                 await feed.subscription.close()

@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 #: the key index to cover the log.
 LOAD_WAIT_S = 5.0
 LOAD_INDEX_WAIT_MS = 5_000
+LOAD_RETRY_S = 0.1
 
 
 def now_ms() -> int:
@@ -188,6 +189,9 @@ class Coordinators:
                 break
             except JetstreamError as exc:
                 log.info("__offsets/%d: waiting to load groups: %s", pg.partition, exc)
+            except Exception:  # an unreadable index: it is rebuilt from the log; try again
+                log.exception("__offsets/%d: loading groups failed", pg.partition)
+            await asyncio.sleep(LOAD_RETRY_S)
         now, topology = now_ms(), self._topology()
         for name, stored in groups.items():
             pg.groups[name] = GroupEntry(Group.restore(

@@ -208,3 +208,17 @@ async def test_groups_over_http_and_their_metrics(js: Client, broker: BrokerProc
         protected = await http.delete("/streams/__offsets")
         assert protected.status_code == 403
         assert protected.json()["error"]["code"] == "STREAM_PROTECTED"
+
+
+async def test_a_member_of_several_streams_by_name_or_selector(js: Client) -> None:
+    await js.create_stream("shop-a", "shop.a", partitions=2, labels={"app": "shop"})
+    await js.create_stream("shop-b", "shop.b", labels={"app": "shop"})
+    await js.create_stream("other", "other")
+    expected = {("shop-a", 0), ("shop-a", 1), ("shop-b", 0)}
+    async with js.subscribe(["shop-a", "shop-b"], group="by-name") as named:
+        await until(lambda: named.assignment == expected, "both streams' partitions")
+    async with js.subscribe(group="by-label", selector="app=shop") as labelled:
+        await until(lambda: labelled.assignment == expected, "the selected streams' partitions")
+        await js.publish("shop.b", b"hello")
+        message = await asyncio.wait_for(labelled.__anext__(), DEADLINE_S)
+        assert (message.stream, message.value) == ("shop-b", b"hello")
