@@ -5,8 +5,9 @@ streams it subscribes to (`eligible`). The target keeps every partition where it
 member's previous share, as far as it is still eligible: a consumer keeps its caches and its
 position), gives each partition nobody holds to the eligible member with the fewest, then
 evens out: while some partition's holder has at least two more than another member eligible
-for it, the partition moves to the one with the fewest. Each move lowers the sum of squared
-shares, so it ends; when every member subscribes to the same streams, shares then differ by
+for it, the partition moves to the one with the fewest — taken from the most loaded member
+first, so a member that holds no more than its share keeps it. Each move lowers the sum of
+squared shares, so it ends; when every member subscribes to the same streams, shares then differ by
 at most one. Ties go to the smaller member id, so the result depends only on the input.
 
 The target is what the coordinator aims for, not what it hands out: a partition moves to its
@@ -41,15 +42,21 @@ def assign(eligible: Mapping[str, frozenset[StreamPartition]],
         member = min(candidates[sp], key=lambda m: (len(shares[m]), m))
         holder[sp] = member
         shares[member].add(sp)
-    moved = True
-    while moved:
-        moved = False
-        for sp in sorted(holder):
-            owner = holder[sp]
+    while _move_one(shares, holder, candidates):
+        pass
+    return {m: frozenset(shares[m]) for m in members}
+
+
+def _move_one(shares: dict[str, set[StreamPartition]], holder: dict[StreamPartition, str],
+              candidates: Mapping[StreamPartition, list[str]]) -> bool:
+    """Move one partition from the most loaded member that has one some eligible member
+    holds at least two fewer than; False when there is none (balanced)."""
+    for owner in sorted(shares, key=lambda m: (-len(shares[m]), m)):
+        for sp in sorted(shares[owner]):
             best = min(candidates[sp], key=lambda m: (len(shares[m]), m))
             if len(shares[best]) + 1 < len(shares[owner]):
                 shares[owner].discard(sp)
                 shares[best].add(sp)
                 holder[sp] = best
-                moved = True
-    return {m: frozenset(shares[m]) for m in members}
+                return True
+    return False
