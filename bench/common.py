@@ -4,10 +4,13 @@ with one `inbox.*` subscription; see FIELD_NOTES) that loads both sides of a com
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ JsonObject = dict[str, Any]
 #: (subject, payload, headers) of one publish.
 Message = tuple[str, bytes, dict[str, str] | None]
 ACK_TIMEOUT_S = 300.0
+RESULTS_DIR = Path(__file__).parent / "results"
 
 
 def percentile(samples: Sequence[float], p: float) -> float:
@@ -67,3 +71,23 @@ async def publish_pipelined(url: str, messages: Sequence[Message], window: int) 
     await nc.close()
     return {"puts_per_s": count / elapsed, "ack_p50_ms": percentile(latencies, 50) * 1000,
             "ack_p99_ms": percentile(latencies, 99) * 1000, "errors": state["errors"]}
+
+
+def bench_main(name: str, doc: str | None, argv: Sequence[str] | None,
+               run: Callable[[bool], Coroutine[Any, Any, JsonObject]],
+               table: Callable[[JsonObject], str]) -> int:
+    """A bench's command line: `--quick` (`run(True)`), `--json` (one JSON object last); a
+    full run also writes its JSON to bench/results/<name>-<time>.json."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a run of a minute or two")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args(argv)
+    results = asyncio.run(run(args.quick))
+    print(table(results))
+    if not args.quick:
+        RESULTS_DIR.mkdir(exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        (RESULTS_DIR / f"{name}-{stamp}.json").write_text(json.dumps(results, indent=1))
+    if args.json:
+        print(json.dumps(results))
+    return 0

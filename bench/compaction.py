@@ -28,9 +28,7 @@ Run from the repository root: `python -m bench.compaction [--quick] [--json]`. W
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import random
 import subprocess
 import sys
@@ -45,7 +43,7 @@ import httpx
 import nats
 
 import jetstream
-from bench.common import JsonObject, Message, cpu_seconds, percentile, publish_pipelined
+from bench.common import JsonObject, Message, bench_main, cpu_seconds, percentile, publish_pipelined
 from jetstream.compaction.cleaner import clean
 from jetstream.compaction.planner import CleaningPlan, CompactionConfig
 from jetstream.natsd import NatsServer
@@ -55,7 +53,6 @@ from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy, LogConfig, MiB
 from jetstream.stream.log import Log
 
-RESULTS_DIR = Path(__file__).parent / "results"
 VALUE = b"v" * 128
 STREAM, SUBJECT, BUCKET = "kv", "kv.in", "kv"
 
@@ -316,19 +313,8 @@ def table(r: JsonObject) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a run of a minute or two")
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    args = parser.parse_args(argv)
-    results = asyncio.run(run(QUICK if args.quick else FULL))
-    print(table(results))
-    if not args.quick:
-        RESULTS_DIR.mkdir(exist_ok=True)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        (RESULTS_DIR / f"compaction-{stamp}.json").write_text(json.dumps(results, indent=1))
-    if args.json:
-        print(json.dumps(results))
-    return 0
+    return bench_main("compaction", __doc__, argv,
+                      lambda quick: run(QUICK if quick else FULL), table)
 
 
 if __name__ == "__main__":

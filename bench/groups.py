@@ -30,9 +30,7 @@ last line is one JSON object; a full run also writes it to bench/results/.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import resource
 import signal
@@ -50,14 +48,13 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig
 
 import jetstream
-from bench.common import JsonObject, Message, cpu_seconds, percentile, publish_pipelined
+from bench.common import JsonObject, Message, bench_main, cpu_seconds, percentile, publish_pipelined
 from jetstream.client import Client
 from jetstream.client.group_subscription import GroupSubscription
 from jetstream.natsd import NatsServer
 from jetstream.protocol import messages as m
 from jetstream.server.process import BrokerProcess
 
-RESULTS_DIR = Path(__file__).parent / "results"
 VALUE = b"v" * 128
 STREAM, PARTITIONS = "work", 6
 DEADLINE_S = 300.0
@@ -391,19 +388,8 @@ def table(r: JsonObject) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a run of a minute or two")
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    args = parser.parse_args(argv)
-    results = asyncio.run(run(QUICK if args.quick else FULL))
-    print(table(results))
-    if not args.quick:
-        RESULTS_DIR.mkdir(exist_ok=True)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        (RESULTS_DIR / f"groups-{stamp}.json").write_text(json.dumps(results, indent=1))
-    if args.json:
-        print(json.dumps(results))
-    return 0
+    return bench_main("groups", __doc__, argv,
+                      lambda quick: run(QUICK if quick else FULL), table)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,27 @@ class Replica:
 
 
 @dataclass
-class Report:
+class Findings:
+    """What every checker's report has: up to five examples of each kind of violation, and
+    its figures as a dict with `safe`."""
+
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def safe(self) -> bool:
+        raise NotImplementedError
+
+    def example(self, kind: str, text: str) -> None:
+        shown = self.examples.setdefault(kind, [])
+        if len(shown) < 5:
+            shown.append(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "safe": self.safe}
+
+
+@dataclass
+class Report(Findings):
     invoked: int = 0
     acked: int = 0
     failed: int = 0
@@ -62,17 +82,11 @@ class Report:
     consumer_reads: int = 0
     failovers: list[float] = field(default_factory=list)
     failover_by_fault: dict[str, list[float]] = field(default_factory=dict)
-    examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def safe(self) -> bool:
         return not (self.acked_lost or self.offset_conflicts or self.phantom_reads
                     or self.divergent_replicas or self.truncated_reads)
-
-    def example(self, kind: str, text: str) -> None:
-        shown = self.examples.setdefault(kind, [])
-        if len(shown) < 5:
-            shown.append(text)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

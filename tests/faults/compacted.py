@@ -17,16 +17,16 @@ below the HW) do not hold by design. Its promises are:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from tests.faults.checker import Record, Replica
+from tests.faults.checker import Findings, Record, Replica
 
 OFFSET, KEY, VALUE, HEADERS = 0, 3, 4, 5
 
 
 @dataclass
-class CompactedReport:
+class CompactedReport(Findings):
     invoked: int = 0
     acked: int = 0
     deletes_acked: int = 0
@@ -35,20 +35,11 @@ class CompactedReport:
     deleted_returned: int = 0
     phantoms: int = 0
     divergent_replicas: int = 0
-    examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def safe(self) -> bool:
         return not (self.latest_lost or self.deleted_returned or self.phantoms
                     or self.divergent_replicas)
-
-    def example(self, kind: str, text: str) -> None:
-        shown = self.examples.setdefault(kind, [])
-        if len(shown) < 5:
-            shown.append(text)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "safe": self.safe}
 
 
 def _write_of(record: Record) -> str | None:

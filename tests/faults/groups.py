@@ -17,12 +17,14 @@ answers them (`o`: partition, offset, with `ts`, the time its request was sent).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from tests.faults.checker import Findings
 
 
 @dataclass
-class GroupReport:
+class GroupReport(Findings):
     acked: int = 0
     consumed: int = 0
     missing: int = 0
@@ -34,20 +36,11 @@ class GroupReport:
     offsets_backwards: int = 0
     observations: int = 0
     members: int = 0
-    examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def safe(self) -> bool:
         return not (self.missing or self.out_of_window or self.commits_lost
                     or self.offsets_backwards)
-
-    def example(self, kind: str, text: str) -> None:
-        shown = self.examples.setdefault(kind, [])
-        if len(shown) < 5:
-            shown.append(text)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "safe": self.safe}
 
 
 def check_group(history: list[dict[str, Any]]) -> GroupReport:
