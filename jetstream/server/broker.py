@@ -63,6 +63,8 @@ from jetstream.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 READY_FILE = "broker.json"
+#: How long a broker waits before reconciling its roles again after a failed attempt.
+RECONCILE_RETRY_S = 1.0
 
 
 class Broker:
@@ -251,8 +253,19 @@ class Broker:
         roles = self._roles
         if roles is None or not roles.enabled:
             return
-        task = asyncio.get_running_loop().create_task(roles.reconcile())
+        task = asyncio.get_running_loop().create_task(self._reconcile(roles))
         task.add_done_callback(_log_failure)
+
+    async def _reconcile(self, roles: Roles) -> None:
+        """Reconcile the roles with the metadata; after a failure (an IO error half-way) try
+        again, so a broker never stays in roles the metadata no longer gives it."""
+        while roles.enabled:
+            try:
+                await roles.reconcile()
+                return
+            except Exception:
+                log.exception("reconcile failed: again in %.1f s", RECONCILE_RETRY_S)
+            await asyncio.sleep(RECONCILE_RETRY_S)
 
 
 async def _no_failover(request: m.ReportLeaderFailureRequest) -> m.EmptyResponse:

@@ -12,6 +12,7 @@ then fall back to the safe choice: a full recovery scan) instead of as a wrong n
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import crc32c as _crc32c
@@ -29,7 +30,10 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    """Replace `path` with `data`, fsynced, all or nothing. Writers of the same file at once
+    (a thread and the event loop) each use a temporary file of their own, so neither replaces
+    the other's half-written one; the last to finish wins. Recovery removes `*.tmp` leftovers."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)

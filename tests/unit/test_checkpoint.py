@@ -4,6 +4,7 @@ log's high watermark checkpoint (written atomically, read back clamped to the lo
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -175,7 +176,8 @@ def test_write_fsyncs_the_temp_file_before_renaming_and_the_directory_after(
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     checkpoint.write_offset(path, "hw", 3)
-    assert events == ["fsync cp.tmp", "replace", f"fsync {tmp_path.name}"]
+    temp = f"cp.{os.getpid()}-{threading.get_ident()}.tmp"
+    assert events == [f"fsync {temp}", "replace", f"fsync {tmp_path.name}"]
 
 
 # -- the log's high watermark checkpoint -------------------------------------------------------
@@ -245,3 +247,27 @@ def test_leftover_temp_files_are_removed_at_open(tmp_path: Path) -> None:
     with open_log(tmp_path) as log:
         assert not list(tmp_path.glob("*.tmp"))
         assert log.read_high_watermark() == 2
+
+
+def test_writers_of_one_checkpoint_at_once_never_collide(tmp_path: Path) -> None:
+    """A thread and the event loop may write the same checkpoint at once (a partition's
+    periodic checkpoint and its abdication): each keeps its own temporary file, nothing
+    fails, and the file holds one whole write."""
+    path = tmp_path / "high-watermark"
+    errors: list[BaseException] = []
+
+    def writer(base: int) -> None:
+        try:
+            for i in range(200):
+                checkpoint.write_offset(path, "high-watermark", base + i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n * 1000,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert checkpoint.read_offset(path, "high-watermark") in {n * 1000 + 199 for n in range(4)}
+    assert not list(tmp_path.glob("*.tmp"))
