@@ -1,15 +1,19 @@
-"""What the benchmarks share: percentiles, a process's CPU time, and the pipelined raw
-NATS publisher (the fastest nats-py path: `nc.publish(subject, payload, reply=inbox.N)`
-with one `inbox.*` subscription; see FIELD_NOTES) that loads both sides of a comparison."""
+"""What the benchmarks share: percentiles, a process's CPU time, the pipelined raw NATS
+publisher (the fastest nats-py path: `nc.publish(subject, payload, reply=inbox.N)` with one
+`inbox.*` subscription; see FIELD_NOTES) that loads both sides of a comparison, the no-op
+responder that measures the load generator's own ceiling, and the command line."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,37 @@ def percentile(samples: Sequence[float], p: float) -> float:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+RESPONDER = """
+import asyncio, sys
+import nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    async def on(msg):
+        await nc.publish(msg.reply, b'+OK')
+    await nc.subscribe(sys.argv[2], cb=on, pending_msgs_limit=1_000_000)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+@contextlib.contextmanager
+def no_op_responder(url: str, subject: str) -> Iterator[None]:
+    """A process that answers every message on `subject` with `+OK` (core NATS, nothing
+    stored), for the load generator's ceiling; stopped by PID on exit."""
+    responder = subprocess.Popen([sys.executable, "-c", RESPONDER, url, subject],
+                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        assert responder.stdout is not None
+        if responder.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the no-op responder did not start")
+        yield
+    finally:
+        responder.kill()
+        responder.wait()
 
 
 # -- the publisher --------------------------------------------------------------------------

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +42,15 @@ import httpx
 import nats
 
 import jetstream
-from bench.common import JsonObject, Message, bench_main, cpu_seconds, percentile, publish_pipelined
+from bench.common import (
+    JsonObject,
+    Message,
+    bench_main,
+    cpu_seconds,
+    no_op_responder,
+    percentile,
+    publish_pipelined,
+)
 from jetstream.compaction.cleaner import clean
 from jetstream.compaction.planner import CleaningPlan, CompactionConfig
 from jetstream.natsd import NatsServer
@@ -193,45 +200,20 @@ async def nats_kv(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | No
     return {**puts, **gets}
 
 
-RESPONDER = """
-import asyncio, sys
-import nats
-async def main():
-    nc = await nats.connect(sys.argv[1])
-    async def on(msg):
-        await nc.publish(msg.reply, b'+OK')
-    await nc.subscribe("sink.>", cb=on, pending_msgs_limit=1_000_000)
-    await nc.flush()
-    print("ready", flush=True)
-    await asyncio.Event().wait()
-asyncio.run(main())
-"""
-
-
 async def generator_ceiling(work: Path, plan: Plan) -> JsonObject:
     """The publisher and the request loop against a no-op responder on core NATS."""
-    with NatsServer(work / "nats-core") as server:
-        responder = subprocess.Popen(  # noqa: ASYNC220 - returns at once
-            [sys.executable, "-c", RESPONDER, server.url], stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL)
+    with NatsServer(work / "nats-core") as server, no_op_responder(server.url, "sink.>"):
+        count = min(plan.records, 200_000)
+        puts = await publish_pipelined(server.url, [("sink.x", VALUE, None)] * count,
+                                       plan.window)
+        nc = await nats.connect(server.url)
         try:
-            assert responder.stdout is not None
-            if responder.stdout.readline().strip() != b"ready":
-                raise RuntimeError("responder did not start")
-            count = min(plan.records, 200_000)
-            puts = await publish_pipelined(server.url, [("sink.x", VALUE, None)] * count,
-                                           plan.window)
-            nc = await nats.connect(server.url)
-            try:
-                async def get(key: bytes) -> object:
-                    return await nc.request("sink.get", key, timeout=10)
+            async def get(key: bytes) -> object:
+                return await nc.request("sink.get", key, timeout=10)
 
-                gets = await timed_gets(get, [b"k"] * plan.gets, plan.concurrency)
-            finally:
-                await nc.close()
+            gets = await timed_gets(get, [b"k"] * plan.gets, plan.concurrency)
         finally:
-            responder.kill()
-            responder.wait()
+            await nc.close()
     return {"puts_per_s": puts["puts_per_s"], "gets_per_s": gets["gets_per_s"]}
 
 

@@ -32,7 +32,6 @@ import asyncio
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from typing import Any
 import nats
 
 import jetstream
+from bench.common import JsonObject, no_op_responder, percentile
 from jetstream.natsd import NatsServer
 from jetstream.server.process import BrokerProcess
 
@@ -52,8 +52,6 @@ PAYLOAD = b"x" * 128
 SUBJECT = "bench.in"
 ACK_TIMEOUT_S = 120.0
 RESULTS_DIR = Path(__file__).parent / "results"
-#: A figure set as it is written to JSON: numbers, strings, lists and nested figure sets.
-JsonObject = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +80,6 @@ class PubRun:
 
 def progress(message: str) -> None:
     print(f"  .. {message}", file=sys.stderr, flush=True)
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
 
 
 # -- the publisher pattern ----------------------------------------------------------------------
@@ -170,35 +163,10 @@ async def jetstream_peer(work: Path, plan: Plan, always: bool, count: int) -> Js
                                                             plan.window))
 
 
-RESPONDER = """
-import asyncio, sys, nats
-async def main():
-    nc = await nats.connect(sys.argv[1])
-    async def on(msg):
-        await nc.publish(msg.reply, b'+OK')
-    await nc.subscribe(sys.argv[2], cb=on, pending_msgs_limit=1_000_000)
-    await nc.flush()
-    print("ready", flush=True)
-    await asyncio.Event().wait()
-asyncio.run(main())
-"""
-
-
 async def core_ceiling(work: Path, plan: Plan) -> JsonObject:
-    with NatsServer(work / "nats-core") as server:
-        # Popen returns at once (no wait): starting the responder does not block the loop.
-        responder = subprocess.Popen(  # noqa: ASYNC220
-            [sys.executable, "-c", RESPONDER, server.url, SUBJECT],
-                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        try:
-            assert responder.stdout is not None
-            if responder.stdout.readline().strip() != b"ready":
-                raise RuntimeError("core NATS responder did not start")
-            return await repeat(plan, lambda: publish_with_acks(server.url, SUBJECT,
-                                                                plan.messages, plan.window))
-        finally:
-            responder.kill()
-            responder.wait()
+    with NatsServer(work / "nats-core") as server, no_op_responder(server.url, SUBJECT):
+        return await repeat(plan, lambda: publish_with_acks(server.url, SUBJECT,
+                                                            plan.messages, plan.window))
 
 
 # -- catch-up reads --------------------------------------------------------------------------

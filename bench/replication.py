@@ -51,11 +51,11 @@ from typing import Any, TypeVar
 import nats
 
 import jetstream
+from bench.common import percentile
 from bench.ingest import (
     PAYLOAD,
     RESULTS_DIR,
     median_run,
-    percentile,
     progress,
     publish_with_acks,
 )

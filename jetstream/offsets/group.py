@@ -257,17 +257,20 @@ class Group:
         return frozenset(StreamPartition(stream, p) for stream in member.streams
                          for p in range(self._topology.get(stream, 0)))
 
+    def _subscribed_counts(self) -> dict[str, int]:
+        """The partition count of every stream some member subscribes to."""
+        return {s: self._topology.get(s, 0) for m in self.members.values() for s in m.streams}
+
     def _sync_topology(self, topology: Mapping[str, int]) -> bool:
         self._topology = topology
-        counts = {s: topology.get(s, 0) for m in self.members.values() for s in m.streams}
+        counts = self._subscribed_counts()
         if counts == self._counts:
             return False
         self._counts = counts
         return True
 
     def _retarget(self) -> None:
-        self._counts = {s: self._topology.get(s, 0)
-                        for m in self.members.values() for s in m.streams}
+        self._counts = self._subscribed_counts()
         self.target = assign({m.member_id: self._eligible(m) for m in self.members.values()},
                              {m.member_id: m.owned for m in self.members.values()})
         self.epoch += 1

@@ -243,13 +243,12 @@ class Coordinators:
 
     def _stream_version(self, sp: StreamPartition) -> int:
         """The version of the stream `sp` belongs to; raises UnknownStream/UnknownPartition."""
-        state = self._metadata.state
-        held = state.partitions.get((sp.stream, sp.partition))
-        if held is None or rec.is_internal(sp.stream):
-            if sp.stream in state.streams and not rec.is_internal(sp.stream):
+        version = self._version_or_none(sp)
+        if version is None or rec.is_internal(sp.stream):
+            if sp.stream in self._metadata.state.streams and not rec.is_internal(sp.stream):
                 raise UnknownPartition(sp.stream, sp.partition)
             raise UnknownStream(sp.stream)
-        return held.created_version
+        return version
 
     def _version_or_none(self, sp: StreamPartition) -> int | None:
         held = self._metadata.state.partitions.get((sp.stream, sp.partition))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ingest import percentile
+from bench.common import percentile
 from bench.replication import first_ack_after, is_ack, summarize
 from jetstream.errors import NotEnoughReplicas
 from jetstream.protocol.ack import encode_ack, encode_error_ack
