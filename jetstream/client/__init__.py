@@ -20,6 +20,8 @@ from jetstream.client.types import (
     Message,
     PartitionInfo,
     PublishMessage,
+    RawFetch,
+    SegmentListing,
     Start,
     StreamInfo,
 )
@@ -35,6 +37,8 @@ __all__ = [
     "Message",
     "PartitionInfo",
     "PublishMessage",
+    "RawFetch",
+    "SegmentListing",
     "Start",
     "StreamInfo",
     "Subscription",

@@ -10,7 +10,8 @@ A `Client` is composed of one part per concern, each in its own module, all reac
 cluster through one router (routing.py: connections, the metadata cache, leaders, retries):
 - StreamAdmin (admin.py): create, delete, list and describe streams; describe the cluster.
 - Publishing (publishing.py): publish and publish_batch through NATS, waiting for acks.
-- Reading (reading.py): fetch, subscribe, and offsets by timestamp.
+- Reading (reading.py): fetch, subscribe, offsets by timestamp; segment listings and raw
+  fetches for bulk readers.
 - KeyValueReads (kv.py): get and keys on compacted streams.
 - ConsumerGroups (groups.py, offsets.py): group members, committed offsets, group admin.
 A new concern is a new part: a module with its calls, named in the `Client` bases and

@@ -1,4 +1,5 @@
-"""The client's reading calls: fetch, subscribe, and the offset lookup by timestamp.
+"""The client's reading calls: fetch, subscribe, the offset lookup by timestamp, and the
+segment listing and raw fetch of bulk readers.
 
 Theory of operation: a read is a Fetch at the partition's leader, through the router's
 `with_leader` (NOT_LEADER and lost connections refresh the metadata and retry there with
@@ -11,6 +12,11 @@ chosen next time. `subscribe` builds a Subscription (subscription.py), which pul
 after batch through `fetch` with one fetch in flight ahead of its consumer; the client
 closes the subscriptions still open when it closes.
 
+Bulk readers (Spark) plan with `list_segments` (the leader's segment files and its high
+watermark, of one moment) and read the files themselves, or take the record batches
+undecoded with `fetch_raw` when the files are out of reach; both go to the leader through
+`with_leader`, and fetch_raw is the same Fetch as `fetch`, with the same errors.
+
 `Reading` is one part of `Client` (client.py): it owns the open subscriptions and reaches
 the brokers through the client's router.
 """
@@ -22,7 +28,7 @@ import weakref
 from jetstream.client.connection import BrokerConnection
 from jetstream.client.routing import Router
 from jetstream.client.subscription import StopAt, Subscription
-from jetstream.client.types import FetchResult, Message, Start
+from jetstream.client.types import FetchResult, Message, RawFetch, SegmentListing, Start
 from jetstream.errors import CorruptRecord, JetstreamError
 from jetstream.protocol import messages as m
 from jetstream.protocol.frames import MiB
@@ -119,6 +125,39 @@ class Reading:
         watermark when no committed message is that recent. messages.EARLIEST_TIMESTAMP and
         LATEST_TIMESTAMP ask for the log start offset and the high watermark."""
         return await offset_at(self._router, stream, partition, timestamp_ms)
+
+    async def list_segments(self, stream: str, partition: int) -> SegmentListing:
+        """The partition's segment files at its leader, with the leader's high watermark and
+        offsets of the same moment (see SegmentListing for how to read them). Raises
+        UnknownStream, UnknownPartition, BrokerUnavailable or NotLeader when retries at the
+        leader ran out."""
+        request = m.ListSegmentsRequest(stream, partition)
+
+        async def call(conn: BrokerConnection) -> SegmentListing:
+            r = m.expect_response(await conn.request(request), m.ListSegmentsResponse)
+            return SegmentListing(
+                r.stream, r.partition, r.high_watermark, r.log_start_offset, r.log_end_offset,
+                r.leader_epoch, r.broker_id, r.directory, r.version_file, r.stream_version,
+                tuple((base, size) for base, size in r.segments))
+
+        return await self._router.with_leader(stream, partition, call)
+
+    async def fetch_raw(self, stream: str, partition: int, offset: int, max_bytes: int,
+                        max_wait_ms: int = 0) -> RawFetch:
+        """One Fetch at the partition's leader, its record batches left undecoded (see
+        RawFetch): committed batches from the one holding `offset`, about `max_bytes` of
+        them (at least one), waiting up to `max_wait_ms` when there are none yet. Raises as
+        `fetch` does: OffsetOutOfRange with the readable range (its oldest/newest) when
+        `offset` is below the log start or past the log end; UnknownStream, UnknownPartition,
+        BrokerUnavailable or NotLeader when retries at the leader ran out."""
+        request = m.FetchRequest(stream, partition, offset, max_bytes, max_wait_ms)
+
+        async def call(conn: BrokerConnection) -> RawFetch:
+            response, payload = await conn.fetch(request)
+            return RawFetch(response.high_watermark, response.log_start_offset,
+                            response.log_end_offset, response.next_offset, payload)
+
+        return await self._router.with_leader(stream, partition, call)
 
     async def _close_subscriptions(self) -> None:
         for subscription in list(self._subscriptions):

@@ -162,6 +162,8 @@ class SyncClient:
     publish_batch = _blocking(Client.publish_batch)
     fetch = _blocking(Client.fetch)
     offset_for_timestamp = _blocking(Client.offset_for_timestamp)
+    list_segments = _blocking(Client.list_segments)
+    fetch_raw = _blocking(Client.fetch_raw)
     commit_offset = _blocking(Client.commit_offset)
     commit_offsets = _blocking(Client.commit_offsets)
     fetch_offset = _blocking(Client.fetch_offset)

@@ -1,5 +1,5 @@
 """The values the client hands out: stream and partition descriptions, messages, fetch
-results, and the start positions of a subscription.
+results (decoded, or raw), segment listings, and the start positions of a subscription.
 
 Theory of operation: every value is a frozen dataclass built from what a broker sent (the
 stream dicts of Metadata and ListStreams, a Fetch response and its decoded records), so a
@@ -27,6 +27,8 @@ __all__ = [
     "Message",
     "PartitionInfo",
     "PublishMessage",
+    "RawFetch",
+    "SegmentListing",
     "Start",
     "StreamInfo",
 ]
@@ -157,6 +159,46 @@ class FetchResult:
     log_start_offset: int
     log_end_offset: int
     next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawFetch:
+    """What one Fetch returned, undecoded: `payload` is whole record batches exactly as the
+    broker sent them (jetstream.stream.format; decode them with `decode_batches`). The first
+    batch may start below the offset asked for (skip its records below it); none holds a
+    record at or past `high_watermark`. The next fetch starts at `next_offset` (the offset
+    asked for when `payload` is empty)."""
+
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    next_offset: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentListing:
+    """A partition's segment files at its leader, and the leader's offsets of that moment
+    (ListSegments). Each segment is `(base_offset, size_bytes)`, oldest first, its file
+    `directory / jetstream.stream.segment.log_file_name(base_offset)` on broker
+    `broker_id`. Read at most `size_bytes` of a file and no record at or past
+    `high_watermark`; the first segment's base may lie below `log_start_offset`. Retention
+    may delete and compaction replace a file after the listing: when a file is gone or
+    shorter than listed, fetch that range instead (Client.fetch_raw). `stream_version`
+    is what `version_file` holds: a file set whose marker differs belongs to another
+    stream of the same name."""
+
+    stream: str
+    partition: int
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    leader_epoch: int
+    broker_id: int
+    directory: str
+    version_file: str
+    stream_version: str
+    segments: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)

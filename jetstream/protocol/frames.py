@@ -109,6 +109,7 @@ class Op(enum.IntEnum):
     DESCRIBE_GROUP = 18
     RESET_OFFSETS = 19
     DELETE_GROUP = 20
+    LIST_SEGMENTS = 21
 
 
 _KINDS = frozenset(int(k) for k in Kind)

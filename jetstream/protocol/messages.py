@@ -4,7 +4,7 @@ Theory of operation: each message is a frozen dataclass of its frame header's fi
 checked strictly when built (base.py, fields.py); each concern declares its own messages in
 a module of its own, with the table of its ops' headers:
 
-    reads.py        FETCH, OFFSET_FOR_TIMESTAMP
+    reads.py        FETCH, OFFSET_FOR_TIMESTAMP, LIST_SEGMENTS
     admin.py        METADATA, CREATE_STREAM, DELETE_STREAM, LIST_STREAMS
     replication.py  END_OFFSET_FOR_EPOCH, REPORT_LEADER_FAILURE
     offsets.py      COMMIT_OFFSET, FETCH_OFFSET, RESET_OFFSETS, DELETE_GROUP
@@ -76,9 +76,12 @@ from jetstream.protocol.offsets import (
 from jetstream.protocol.reads import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
+    SEGMENTS_MAX,
     FetchRequest,
     FetchResponse,
     Isolation,
+    ListSegmentsRequest,
+    ListSegmentsResponse,
     OffsetForTimestampRequest,
     OffsetForTimestampResponse,
 )
@@ -106,6 +109,7 @@ __all__ = [
     "REQUEST_TYPES",
     "RESET_TARGETS",
     "RESPONSE_TYPES",
+    "SEGMENTS_MAX",
     "CommitOffsetRequest",
     "CommitOffsetResponse",
     "CreateStreamRequest",
@@ -132,6 +136,8 @@ __all__ = [
     "KeysResponse",
     "ListGroupsRequest",
     "ListGroupsResponse",
+    "ListSegmentsRequest",
+    "ListSegmentsResponse",
     "ListStreamsRequest",
     "ListStreamsResponse",
     "Message",

@@ -5,7 +5,7 @@ loopback), opens its metadata (jetstream.raft_meta: local for one broker, Raft i
 cluster), and builds its services, each in the module of its concern:
 - roles (jetstream.server.roles): the partition leaders and followers, reconciled with the
   metadata after every change, behind the epoch fence (jetstream.server.epoch_fence);
-- reads (jetstream.server.fetch): Fetch and the offset lookups;
+- reads (jetstream.server.fetch): Fetch, the offset lookups and the segment listing;
 - stream admin and descriptions (jetstream.server.admin);
 - the cluster services (jetstream.server.cluster): Raft, failover, leadership hand-over.
 Then it serves the socket API and the HTTP API. Neither knows this module: the socket API
@@ -167,6 +167,7 @@ class Broker:
         return Dispatcher(dict([
             on(m.FetchRequest, reads.fetch),
             on(m.OffsetForTimestampRequest, reads.offset_for_timestamp),
+            on(m.ListSegmentsRequest, reads.list_segments),
             on(m.EndOffsetForEpochRequest, reads.end_offset_for_epoch),
             on(m.MetadataRequest, admin.on_metadata),
             on(m.ListStreamsRequest, admin.on_list_streams),

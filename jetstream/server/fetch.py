@@ -1,4 +1,5 @@
-"""Reads of a partition's log over the socket API: Fetch and the offset lookups.
+"""Reads of a partition's log over the socket API: Fetch, the offset lookups and the
+segment listing.
 
 Theory of operation: every read is answered from this broker's own roles
 (jetstream.server.roles), never forwarded.
@@ -14,13 +15,17 @@ Theory of operation: every read is answered from this broker's own roles
   the socket API sends with sendfile.
 - OffsetForTimestamp answers the first offset at or after a time (the log start and the HW
   for the EARLIEST and LATEST markers), never past the HW.
+- ListSegments is a bulk reader's plan (Spark reads segment files itself): the leader's
+  segments with their sizes, its offsets and its HW, all of one moment (no await between
+  reading the HW, which moves only on this loop, and the snapshot the log takes under its
+  lock), and where the files are.
 - EndOffsetForEpoch is a follower's truncation question (Kafka KIP-101): the end offset of
   an epoch in the leader's log, fenced by the follower's idea of the current leader epoch.
 """
 
 from __future__ import annotations
 
-from jetstream.errors import FencedLeaderEpoch, ProtocolError
+from jetstream.errors import FencedLeaderEpoch, ProtocolError, StorageError
 from jetstream.protocol import messages as m
 from jetstream.server.api import FetchResult
 from jetstream.server.config import BrokerConfig
@@ -82,6 +87,26 @@ class Reads:
             return m.OffsetForTimestampResponse(leader.high_watermark)
         offset = leader.log.offset_for_timestamp(request.timestamp_ms)
         return m.OffsetForTimestampResponse(min(offset, leader.high_watermark))
+
+    async def list_segments(self, request: m.ListSegmentsRequest) -> m.ListSegmentsResponse:
+        key = (request.stream, request.partition)
+        leader = self._roles.leader_for(*key)
+        # The HW first: retention (in a thread) deletes only below the HW it was given, and
+        # the log end only grows at a leader, so the snapshot's offsets bracket it.
+        high_watermark = leader.high_watermark
+        snapshot = leader.log.segment_snapshot()
+        assert snapshot.log_start_offset <= high_watermark <= snapshot.log_end_offset, (
+            snapshot.log_start_offset, high_watermark, snapshot.log_end_offset)
+        if len(snapshot.segments) > m.SEGMENTS_MAX:
+            raise StorageError(f"{request.stream}/{request.partition} has "
+                               f"{len(snapshot.segments)} segments, more than one answer "
+                               f"lists ({m.SEGMENTS_MAX}): fetch it instead")
+        files = self._roles.log_files(key)
+        return m.ListSegmentsResponse(
+            request.stream, request.partition, high_watermark, snapshot.log_start_offset,
+            snapshot.log_end_offset, leader.state.leader_epoch, self._config.broker_id,
+            str(files.directory), str(files.version_file), files.stream_version,
+            [list(entry) for entry in snapshot.segments])
 
     async def end_offset_for_epoch(self, request: m.EndOffsetForEpochRequest
                                    ) -> m.EndOffsetForEpochResponse:

@@ -26,7 +26,7 @@ import logging
 import shutil
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,21 @@ log = logging.getLogger(__name__)
 
 #: In each log directory: the `created_version` of the stream the log belongs to.
 STREAM_VERSION_FILE = "stream-version"
+
+
+def stream_version_marker(created_version: int) -> bytes:
+    """What the STREAM_VERSION_FILE of a log of the stream `created_version` holds."""
+    return str(created_version).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class LogFiles:
+    """Where a partition's open log lives on this broker: its directory (absolute), the
+    marker file naming the stream it belongs to, and what that marker holds."""
+
+    directory: Path
+    version_file: Path
+    stream_version: str
 
 
 class Roles:
@@ -136,6 +151,12 @@ class Roles:
     def log_version(self, key: PartitionKey) -> int:
         """The created_version of the stream the partition's open log belongs to."""
         return self._log_versions[key]
+
+    def log_files(self, key: PartitionKey) -> LogFiles:
+        """Where the partition's open log lives (a bulk reader reads its segment files)."""
+        directory = self._logs[key].directory.absolute()
+        return LogFiles(directory, directory / STREAM_VERSION_FILE,
+                        stream_version_marker(self._log_versions[key]).decode())
 
     def replicas(self) -> Iterator[tuple[PartitionKey, StreamConfig, Log, int]]:
         """Each partition replica held here with a role: its stream, open log and high
@@ -230,7 +251,7 @@ class Roles:
         if log_ is None:
             directory = self._data_dir / "logs" / f"{stream.name}-{partition.partition}"
             marker = directory / STREAM_VERSION_FILE
-            version = str(partition.created_version).encode()
+            version = stream_version_marker(partition.created_version)
             if directory.exists() and marker.exists() and marker.read_bytes() != version:
                 log.warning("%s/%d: data of an earlier stream of this name removed",
                             stream.name, partition.partition)

@@ -90,6 +90,16 @@ class AppendInfo:
     size_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentSnapshot:
+    """The segments of a log at one moment: `(base_offset, size_bytes)` oldest first (the
+    last is the active segment), and the log start and end offsets of that moment."""
+
+    log_start_offset: int
+    log_end_offset: int
+    segments: tuple[tuple[int, int], ...]
+
+
 class Log:
     def __init__(
         self,
@@ -155,6 +165,15 @@ class Log:
     def segment_base_offsets(self) -> list[int]:
         with self._lock:
             return self._segments.bases
+
+    def segment_snapshot(self) -> SegmentSnapshot:
+        """The segments and their sizes with the log's offsets, taken under the lock that
+        appends, rolls, retention, truncation and compaction swaps hold: one consistent
+        view (a bulk reader reads the files from it)."""
+        with self._lock:
+            self._check_open()
+            return SegmentSnapshot(self.log_start_offset, self.log_end_offset,
+                                   tuple((s.base_offset, s.size) for s in self._segments))
 
     @property
     def latest_epoch(self) -> int:

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from jetstream.errors import LogClosed
 from jetstream.stream import format as fmt
 from jetstream.stream.index import OffsetIndex, TimeIndex
 from jetstream.stream.log import Log
+from jetstream.stream.segment import log_file_name
 from tests.unit.log_helpers import (
     T0,
     Clock,
@@ -76,6 +78,24 @@ def test_roll_at_segment_bytes_max(tmp_path: Path, clock: Clock) -> None:
             if end < len(sizes):  # it rolled because the next batch did not fit
                 assert segment_size + batch_size(sizes[end]) > 4096
         assert_dense(read_all(log), 0, 120, size=None)
+
+
+def test_segment_snapshot_lists_every_segment_with_its_size(tmp_path: Path,
+                                                             clock: Clock) -> None:
+    log = make(tmp_path, clock, segment_bytes_max=4096, retention_bytes=8000)
+    append_n(log, 30, size=400)  # 475-byte batches: 8 to a segment
+    snapshot = log.segment_snapshot()
+    assert snapshot.segments == ((0, 8 * 475), (8, 8 * 475), (16, 8 * 475), (24, 6 * 475))
+    assert (snapshot.log_start_offset, snapshot.log_end_offset) == (0, 30)
+    for base, size in snapshot.segments:
+        assert (tmp_path / log_file_name(base)).stat().st_size == size
+    log.apply_retention()
+    snapshot = log.segment_snapshot()
+    assert snapshot.segments[0][0] == snapshot.log_start_offset == log.log_start_offset > 0
+    assert snapshot.segments[-1] == (24, 6 * 475)
+    log.close()
+    with pytest.raises(LogClosed):
+        log.segment_snapshot()
 
 
 def test_a_batch_larger_than_a_segment_gets_its_own(tmp_path: Path, clock: Clock) -> None:

@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 from jetstream import errors
 from jetstream.errors import JetstreamError, ProtocolError, RemoteError
 from jetstream.protocol import messages as m
-from jetstream.protocol.frames import FrameDecoder, Kind, Op, encode_frame
+from jetstream.protocol.frames import (
+    RESPONSE_HEADER_BYTES_MAX,
+    FrameDecoder,
+    Kind,
+    Op,
+    encode_frame,
+)
 
 names = st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True)
 offsets = st.integers(0, m.OFFSET_MAX)
@@ -47,6 +53,21 @@ fetch_responses = st.integers(0, m.OFFSET_MAX).flatmap(
         m.FetchResponse, stream=names, partition=partitions,
         high_watermark=st.integers(0, leo), log_start_offset=offsets, log_end_offset=st.just(leo),
         next_offset=offsets, leader_epoch=epochs))
+
+
+
+@st.composite
+def list_segments_responses(draw: st.DrawFn) -> m.ListSegmentsResponse:
+    bases = sorted(set(draw(st.lists(offsets, min_size=1, max_size=5))))
+    leo = draw(st.integers(bases[-1], m.OFFSET_MAX))
+    start = draw(st.integers(bases[0], leo))
+    hw = draw(st.integers(start, leo))
+    paths = st.from_regex(r"/[a-z0-9/_-]{0,40}", fullmatch=True)
+    return m.ListSegmentsResponse(
+        draw(names), draw(partitions), hw, start, leo, draw(epochs), draw(broker_ids),
+        draw(paths), draw(paths), draw(st.integers(0, 2**63).map(str)),
+        [[base, draw(offsets)] for base in bases])
+
 
 requests = st.one_of(
     st.builds(m.FetchRequest, stream=names, partition=partitions, offset=offsets,
@@ -87,9 +108,11 @@ requests = st.one_of(
               client_id=st.text(max_size=20)),
     st.just(m.ListGroupsRequest()),
     st.builds(m.DescribeGroupRequest, group=names),
+    st.builds(m.ListSegmentsRequest, stream=names, partition=partitions),
 )
 responses = st.one_of(
     fetch_responses,
+    list_segments_responses(),
     st.builds(m.MetadataResponse, brokers=st.lists(brokers, max_size=3),
               streams=st.lists(stream_descriptions, max_size=3),
               metadata_leader=st.integers(-1, m.BROKER_ID_MAX)),
@@ -283,6 +306,85 @@ def test_validation_names_the_field(cls: type[m.Message], header: dict[str, Any]
     with pytest.raises(ProtocolError) as caught:
         cls.from_header(header)
     assert caught.value.fields["field"] == field
+
+
+LISTING = {"stream": "s", "partition": 0, "high_watermark": 15, "log_start_offset": 5,
+           "log_end_offset": 20, "leader_epoch": 2, "broker_id": 1,
+           "directory": "/data/logs/s-0", "version_file": "/data/logs/s-0/stream-version",
+           "stream_version": "7", "segments": [[0, 4096], [10, 2048], [20, 0]]}
+
+
+@pytest.mark.parametrize(
+    ("header", "field"),
+    [
+        (with_(LISTING, segments=DROP), "segments"),
+        (with_(LISTING, stream="a b"), "stream"),
+        (with_(LISTING, partition=-1), "partition"),
+        (with_(LISTING, broker_id=-1), "broker_id"),
+        (with_(LISTING, leader_epoch=-1), "leader_epoch"),
+        (with_(LISTING, high_watermark=21), "high_watermark"),
+        (with_(LISTING, high_watermark=4), "high_watermark"),
+        (with_(LISTING, high_watermark="15"), "high_watermark"),
+        (with_(LISTING, directory="logs/s-0"), "directory"),
+        (with_(LISTING, directory=b"/data"), "directory"),
+        (with_(LISTING, version_file="/" + "x" * 4096), "version_file"),
+        (with_(LISTING, stream_version=7), "stream_version"),
+        (with_(LISTING, stream_version=""), "stream_version"),
+        (with_(LISTING, segments=[]), "segments"),
+        (with_(LISTING, segments={"0": 1}), "segments"),
+        (with_(LISTING, segments=[[0, 1, 2]]), "segments[0]"),
+        (with_(LISTING, segments=[0, 1]), "segments[0]"),
+        (with_(LISTING, segments=[[0, -1]]), "segments[0].size_bytes"),
+        (with_(LISTING, segments=[[0, True]]), "segments[0].size_bytes"),
+        (with_(LISTING, segments=[[-1, 0]]), "segments[0].base_offset"),
+        (with_(LISTING, segments=[[6, 10]]), "segments[0].base_offset"),
+        (with_(LISTING, segments=[[0, 10], [10, 5], [10, 0]]), "segments[2].base_offset"),
+        (with_(LISTING, segments=[[0, 10], [21, 0]]), "segments[1].base_offset"),
+        (with_(LISTING, segments=[[0, 1]] * 2), "segments[1].base_offset"),
+    ],
+)
+def test_list_segments_response_validation(header: dict[str, Any], field: str) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        m.ListSegmentsResponse.from_header(header)
+    assert caught.value.fields["field"] == field
+
+
+def test_list_segments_request_validation() -> None:
+    assert m.ListSegmentsRequest.from_header({"stream": "s", "partition": 3}) == (
+        m.ListSegmentsRequest("s", 3))
+    for header, field in [({"partition": 0}, "stream"), ({"stream": "s"}, "partition"),
+                          ({"stream": "s", "partition": -1}, "partition")]:
+        with pytest.raises(ProtocolError) as caught:
+            m.ListSegmentsRequest.from_header(header)
+        assert caught.value.fields["field"] == field
+
+
+def test_list_segments_takes_tuples_and_sends_lists() -> None:
+    response = m.ListSegmentsResponse.from_header(
+        {**LISTING, "segments": ((0, 4096), (10, 2048), [20, 0])})
+    assert response.segments == LISTING["segments"]
+    assert m.decode_response(one_frame(m.encode_response(1, Op.LIST_SEGMENTS, response))) == (
+        m.ListSegmentsResponse.from_header(LISTING))
+
+
+def test_the_largest_segment_listing_fits_a_response_header() -> None:
+    top = m.OFFSET_MAX
+    base = top - m.SEGMENTS_MAX
+    response = m.ListSegmentsResponse(
+        "x" * 64, m.PARTITION_MAX, top, base, top, m.EPOCH_MAX, m.BROKER_ID_MAX,
+        "/" + "\u00e9" * 4095, "/" + "\u00e9" * 4095, "9" * 64,
+        [[base + i, top] for i in range(m.SEGMENTS_MAX)])
+    decoder = FrameDecoder(header_bytes_max=RESPONSE_HEADER_BYTES_MAX)  # as clients do
+    decoder.feed(m.encode_response(1, Op.LIST_SEGMENTS, response))
+    frame = decoder.next_frame()
+    assert frame is not None
+    back = m.expect_response(m.decode_response(frame), m.ListSegmentsResponse)
+    assert back == response
+    with pytest.raises(ProtocolError) as caught:
+        m.ListSegmentsResponse.from_header(
+            {**LISTING, "log_end_offset": m.OFFSET_MAX, "high_watermark": 5,
+             "segments": [[i, 0] for i in range(m.SEGMENTS_MAX + 1)]})
+    assert caught.value.fields["field"] == "segments"
 
 
 def test_local_construction_is_checked_too() -> None:
