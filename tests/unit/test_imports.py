@@ -45,6 +45,13 @@ FORBIDDEN: dict[str, frozenset[str]] = {
         "uvicorn", "lmdb",
     }),
     "jetstream.server": frozenset({"jetstream.cli", "jetstream.cli_client"}),
+    # Bytes in, Arrow out: no files, no network (jetstream.spark.segment_reader does IO).
+    "jetstream.spark.arrow_decode": frozenset({
+        "jetstream.server", "jetstream.client", "jetstream.raft_meta", "jetstream.isr",
+        "jetstream.compaction", "jetstream.cli", "jetstream.cli_client",
+        "jetstream.spark.segment_reader", "asyncio", "nats", "pysyncobj", "fastapi",
+        "uvicorn", "lmdb", "fsspec", "pyspark", "os", "io", "pathlib",
+    }),
 }
 
 
