@@ -9,13 +9,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# PySpark (jetstream.spark and its tests) runs on a Java 17+ runtime; nothing else needs Java.
+JAVA_CHECK = $${JAVA_HOME:+$$JAVA_HOME/bin/}java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || echo "Spark needs Java 17 or newer and none was found: install a JRE 17+ (Debian/Ubuntu: apt install openjdk-17-jre-headless) or set JAVA_HOME" >&2
+
 # Stamps re-run the install whenever the package metadata changes.
 $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install -q -e .
+	@$(JAVA_CHECK)
 	touch $@
 
 $(VENV)/.installed-dev: $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	@$(JAVA_CHECK)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
@@ -25,7 +30,7 @@ dev: install
 	$(BIN)/jetstream dev
 
 lint: install-dev
-	$(BIN)/ruff check jetstream tests bench typings
+	$(BIN)/ruff check jetstream tests bench spark typings
 	$(BIN)/mypy
 
 test: lint

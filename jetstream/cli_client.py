@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jetstream import cli_groups, cli_kv
+from jetstream import cli_demo, cli_groups, cli_kv
 from jetstream.cli_text import (
     FROM_HELP,
     UsageError,
@@ -498,6 +498,9 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     cli_kv.add_arguments(
         leaf(commands, "get", cli_kv.get, "print a key's latest value (compacted streams)"),
         leaf(commands, "keys", cli_kv.keys, "list live keys (compacted streams)"))
+    cli_demo.add_arguments(leaf(commands, "demo", cli_demo.demo, "create the demo streams "
+                                "(orders, customers, orders-enriched) and publish data for "
+                                "the Spark jobs in spark/jobs"))
     publish = leaf(commands, "pub", pub, "publish a message (or --count N) and print the ack")
     publish.add_argument("subject")
     publish.add_argument("value", nargs="?", help="the message; '-' reads standard input")

@@ -37,7 +37,7 @@ from typing import IO
 import fsspec
 import pyarrow as pa
 
-from jetstream.spark import arrow_decode
+import jetstream.spark.arrow_decode as arrow_decode
 from jetstream.stream import format as fmt
 from jetstream.stream.config import GiB, MiB
 from jetstream.stream.index import OffsetIndex

@@ -1,0 +1,42 @@
+"""Spark's `format("jetstream")`: bulk reads of committed segments, streaming reads, writes.
+
+    import jetstream.spark
+    jetstream.spark.register(spark)
+    df = spark.read.format("jetstream").option("brokers", "127.0.0.1:9292") \\
+        .option("stream", "orders").load()
+
+`register` adds the data source to the session and turns on Spark's filter pushdown for
+Python data sources, so filters on partition, offset and timestamp narrow what is read.
+`incremental` is a batch read that starts at a consumer group's committed offsets and, once
+the job's output is written, commits where it ended, so each run reads only new records.
+
+The modules below this package import pyspark only where Spark needs it: the decoder and the
+segment reader run in Spark's Python workers without the rest of the client.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from jetstream.spark.incremental_read import IncrementalRead
+
+__all__ = ["incremental", "register"]
+
+#: Spark's switch for pushFilters on Python data sources (off by default in Spark 4.3).
+FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("jetstream")` available in `spark` and enable filter pushdown."""
+    from jetstream.spark.source import JetstreamDataSource
+    spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
+    spark.dataSource.register(JetstreamDataSource)
+
+
+def incremental(spark: SparkSession, group: str, **options: Any) -> IncrementalRead:
+    """A batch read of what `group` has not read yet; see jetstream.spark.incremental_read."""
+    from jetstream.spark.incremental_read import IncrementalRead
+    return IncrementalRead.plan(spark, group, options)

@@ -1,0 +1,141 @@
+"""Writing a DataFrame to a stream: `df.write.format("jetstream").option("stream", "out")`.
+
+Theory of operation: each Spark task publishes its rows through one client: pipelined
+batches (up to `window` messages awaiting acks), acked under the stream's ack policy. Columns:
+`value` (required; binary or string), `key` (binary or string; else none), `headers`
+(map<string, binary or string>), `partition` (int; else the key's hash, or round-robin for rows
+without a key) and `subject` (string; else the stream's subject). Delivery is at least once:
+a task that fails after some acks, or a retried task, or a speculative copy of a task,
+publishes rows again, and nothing removes the copies (until idempotent publishing exists).
+A failure names the stream and the partition (SparkWriteFailed); Spark retries the task.
+The driver's commit has nothing to do: rows are stored when their task's acks arrive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from jetstream.client.client import connect
+from jetstream.client.types import PublishMessage
+from jetstream.errors import JetstreamError, SparkWriteFailed, UnwritableSchema
+from jetstream.protocol.names import is_subject
+from jetstream.spark.cluster_view import run_sync
+from jetstream.spark.options import WriteOptions
+
+_WRITABLE = {
+    "value": ("binary", "string"),
+    "key": ("binary", "string"),
+    "headers": ("map<string,binary>", "map<string,string>"),
+    "partition": ("int", "bigint"),
+    "subject": ("string",),
+}
+
+
+def check_schema(schema: StructType) -> None:
+    """Raise UnwritableSchema unless the DataFrame's columns map onto a message."""
+    names = schema.fieldNames()
+    if "value" not in names:
+        raise UnwritableSchema(f"a DataFrame written to a stream needs a value column; it has "
+                               f"{names}")
+    for column in schema.fields:
+        allowed = _WRITABLE.get(column.name)
+        if allowed is None:
+            raise UnwritableSchema(f"column {column.name!r} does not map onto a message: use "
+                                   f"only {sorted(_WRITABLE)}")
+        if column.dataType.simpleString() not in allowed:
+            raise UnwritableSchema(f"column {column.name} must be {' or '.join(allowed)}, not "
+                                   f"{column.dataType.simpleString()}")
+
+
+@dataclass
+class Written(WriterCommitMessage):
+    """What one task appended: messages per partition of the stream."""
+
+    counts: Mapping[int, int]
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+def _messages(batch: pa.RecordBatch, subject: str | None) -> list[PublishMessage]:
+    columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+    n = batch.num_rows
+    values = columns["value"]
+    keys = columns.get("key", [None] * n)
+    headers = columns.get("headers", [None] * n)
+    partitions = columns.get("partition", [None] * n)
+    subjects = columns.get("subject", [subject] * n)
+    out: list[PublishMessage] = []
+    for i in range(n):
+        row_subject = subjects[i] or subject
+        if row_subject is None:
+            raise UnwritableSchema("the stream reads a wildcard subject: give a subject column "
+                                   "with literal subjects")
+        pairs = headers[i]
+        out.append(PublishMessage(row_subject, _bytes(values[i]), _bytes(keys[i]),
+                                  {str(k): _bytes(v) or b"" for k, v in pairs} if pairs else None,
+                                  partitions[i]))
+    return out
+
+
+async def _publish(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> Written:
+    counts: dict[int, int] = {}
+    async with connect(options.brokers) as client:
+        info = await client.stream_info(options.stream)
+        subject = info.subject if is_subject(info.subject, wildcards=False) else None
+        for batch in batches:
+            messages = _messages(batch, subject)
+            try:
+                acks = await client.publish_batch(messages, window=options.window,
+                                                  timeout=options.ack_timeout_s)
+            except JetstreamError as exc:
+                partitions = {m.partition for m in messages}
+                raise SparkWriteFailed(options.stream, partitions.pop() if len(partitions) == 1
+                                       else None, exc) from exc
+            for ack in acks:
+                counts[ack.partition] = counts.get(ack.partition, 0) + 1
+    return Written(counts)
+
+
+class BatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: WriteOptions, schema: StructType) -> None:
+        check_schema(schema)
+        self.options = options
+
+    # pyspark's Arrow writers narrow write()'s argument from Rows to RecordBatches.
+    def write(self, iterator: Iterator[pa.RecordBatch]  # type: ignore[override]
+              ) -> WriterCommitMessage:
+        return run_sync(_publish(self.options, iterator))
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: WriteOptions, schema: StructType) -> None:
+        check_schema(schema)
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]  # type: ignore[override]
+              ) -> WriterCommitMessage:
+        return run_sync(_publish(self.options, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int
+               ) -> None:
+        """Rows are stored once acked; there is nothing to make visible."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int
+              ) -> None:
+        """Acked rows stay (at least once); Spark replays the batch."""

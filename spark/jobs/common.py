@@ -1,0 +1,58 @@
+"""What the jobs share: a local SparkSession with format("jetstream") registered, the schema
+of the demo's JSON values, and the command line's --brokers."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import jetstream.spark
+
+ORDER_SCHEMA = ("order_id long, customer_id long, product string, quantity int, "
+                "unit_price double, ordered_at long")
+CUSTOMER_SCHEMA = "customer_id long, name string, tier string, country string, version int"
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--brokers", default=os.environ.get("JETSTREAM_BROKERS",
+                                                            "127.0.0.1:7400"),
+                        help="broker addresses (default $JETSTREAM_BROKERS or 127.0.0.1:7400, "
+                             "the first broker of `jetstream dev`)")
+    parser.add_argument("--master", default="local[2]")
+    return parser
+
+
+def session(app: str, master: str) -> SparkSession:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (SparkSession.builder.master(master).appName(app)
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "4")
+             .config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    jetstream.spark.register(spark)
+    return spark
+
+
+def orders(df: DataFrame) -> DataFrame:
+    """The demo's orders (JSON values) as columns, with the record's offset and partition."""
+    parsed = F.from_json(F.col("value").cast("string"), ORDER_SCHEMA)
+    return df.select("partition", "offset", parsed.alias("o")).select("partition", "offset",
+                                                                       "o.*")
+
+
+def hourly_revenue(orders_df: DataFrame) -> DataFrame:
+    """Revenue and units per product per hour of the orders' event time."""
+    hour = F.date_trunc("hour", F.timestamp_millis("ordered_at")).alias("hour")
+    return (orders_df.groupBy(hour, "product")
+            .agg(F.round(F.sum(F.col("quantity") * F.col("unit_price")), 2).alias("revenue"),
+                 F.sum("quantity").alias("units"), F.count("*").alias("orders"))
+            .orderBy("hour", "product"))

@@ -1,0 +1,3 @@
+from pyarrow import Table
+
+def write_table(table: Table, where: str, compression: str = "snappy") -> None: ...
