@@ -16,6 +16,8 @@ segment reader run in Spark's Python workers without the rest of the client.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
     from jetstream.spark.incremental_read import IncrementalRead
 
-__all__ = ["incremental", "register"]
+__all__ = ["incremental", "local_session", "register"]
 
 #: Spark's switch for pushFilters on Python data sources (off by default in Spark 4.3).
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -34,6 +36,25 @@ def register(spark: SparkSession) -> None:
     from jetstream.spark.source import JetstreamDataSource
     spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
     spark.dataSource.register(JetstreamDataSource)
+
+
+def local_session(app: str = "jetstream", master: str = "local[2]", **conf: str
+                  ) -> SparkSession:
+    """A local SparkSession on 127.0.0.1 (no web UI), its Python workers running this
+    interpreter, with format("jetstream") registered; `conf`: more Spark settings."""
+    from pyspark.sql import SparkSession
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false"))
+    for name, value in conf.items():
+        builder = builder.config(name, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
 
 
 def incremental(spark: SparkSession, group: str, **options: Any) -> IncrementalRead:

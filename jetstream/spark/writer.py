@@ -112,25 +112,24 @@ async def _publish(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> 
     return Written(counts)
 
 
-class BatchWriter(DataSourceArrowWriter):
+class _Publishing:
+    """A task's write (see the module docstring), shared by the batch and streaming writers."""
+
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
         check_schema(schema)
         self.options = options
 
     # pyspark's Arrow writers narrow write()'s argument from Rows to RecordBatches.
-    def write(self, iterator: Iterator[pa.RecordBatch]  # type: ignore[override]
-              ) -> WriterCommitMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         return run_sync(_publish(self.options, iterator))
 
 
-class StreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: WriteOptions, schema: StructType) -> None:
-        check_schema(schema)
-        self.options = options
+class BatchWriter(_Publishing, DataSourceArrowWriter):  # type: ignore[misc]
+    """df.write.format("jetstream")."""
 
-    def write(self, iterator: Iterator[pa.RecordBatch]  # type: ignore[override]
-              ) -> WriterCommitMessage:
-        return run_sync(_publish(self.options, iterator))
+
+class StreamWriter(_Publishing, DataSourceStreamArrowWriter):  # type: ignore[misc]
+    """writeStream.format("jetstream")."""
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int
                ) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -28,18 +27,8 @@ def arguments(description: str) -> argparse.ArgumentParser:
 
 
 def session(app: str, master: str) -> SparkSession:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master(master).appName(app)
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "4")
-             .config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    jetstream.spark.register(spark)
-    return spark
+    return jetstream.spark.local_session(app, master, **{
+        "spark.sql.shuffle.partitions": "4", "spark.sql.session.timeZone": "UTC"})
 
 
 def orders(df: DataFrame) -> DataFrame:

@@ -4,13 +4,12 @@ using streams of its own. Everything listens on 127.0.0.1 and is stopped by PID.
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 import jetstream
 import jetstream.spark
@@ -18,24 +17,11 @@ from jetstream.client import Client
 from jetstream.natsd import NatsServer
 from jetstream.server.process import BrokerProcess
 
-# The session's Python workers run this interpreter; the driver binds loopback only.
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-
-from pyspark.sql import SparkSession
-
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = (SparkSession.builder.master("local[2]").appName("jetstream-tests")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    jetstream.spark.register(session)
+    session = jetstream.spark.local_session("jetstream-tests", **{
+        "spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"})
     try:
         yield session
     finally:
@@ -48,7 +34,8 @@ def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPr
     root: Path = tmp_path_factory.mktemp("spark-broker")
     with NatsServer(root / "nats") as nats:
         process = BrokerProcess(root / "broker", nats.url,
-                                extra_args=("--cleaner-backoff-ms", "50"))
+                                extra_args=("--cleaner-backoff-ms", "50",
+                                            "--retention-check-ms", "50"))
         try:
             yield process.start()
         finally:

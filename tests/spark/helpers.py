@@ -4,14 +4,16 @@ the model a DataFrame is compared with."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql import DataFrame
 
 from jetstream.client import Client
 from jetstream.client.types import PublishMessage
 
+T = TypeVar("T")
 Row = tuple[Any, ...]
 COLUMNS = ("stream", "partition", "offset", "timestamp", "subject", "key", "value", "headers",
            "leader_epoch")
@@ -73,16 +75,15 @@ def rows_of(df: DataFrame) -> list[Row]:
     return out
 
 
-def wait_for(condition: Any, what: str, deadline_s: float = 30.0) -> Any:
-    """Poll `condition()` until truthy (async conditions are awaited) or fail."""
-    import time
-    deadline = time.monotonic() + deadline_s
+async def wait_until(probe: Callable[[], Awaitable[T]], accept: Callable[[T], bool],
+                     deadline_s: float = 30.0) -> T:
+    """The first value of `probe()` that `accept` takes, polled until the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
     while True:
-        result = condition()
-        if asyncio.iscoroutine(result):
-            result = asyncio.get_event_loop().run_until_complete(result)
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {deadline_s} s: {what}")
-        time.sleep(0.1)
+        value = await probe()
+        if accept(value):
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {deadline_s} s: last {value!r}")
+        await asyncio.sleep(0.05)
