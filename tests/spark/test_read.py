@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from datetime import datetime
 
@@ -143,3 +146,25 @@ async def test_only_committed_records_are_read_while_publishers_run(
     finally:
         stop.set()
         await publisher
+
+
+async def test_spark_finds_the_source_without_registering_it(
+        shared_broker: BrokerProcess, js: Client, stream_name: str) -> None:
+    await make_stream(js, stream_name, partitions=1)
+    await publish(js, stream_name, 25)
+    script = (
+        "import os, sys\n"
+        "from pyspark.sql import SparkSession\n"
+        "spark = (SparkSession.builder.master('local[1]')\n"
+        "         .config('spark.driver.host', '127.0.0.1')\n"
+        "         .config('spark.driver.bindAddress', '127.0.0.1')\n"
+        "         .config('spark.ui.enabled', 'false').getOrCreate())\n"
+        "df = spark.read.format('jetstream').option('brokers', sys.argv[1])\n"
+        "print('rows', df.option('stream', sys.argv[2]).load().count())\n"
+        "spark.stop()\n")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", script, shared_broker.address, stream_name],
+        env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rows 25" in done.stdout
