@@ -30,7 +30,7 @@ dev: install
 	$(BIN)/jetstream dev
 
 lint: install-dev
-	$(BIN)/ruff check jetstream tests bench spark typings
+	$(BIN)/ruff check jetstream tests bench spark typings pyspark_jetstream.py
 	$(BIN)/mypy
 
 test: lint

@@ -607,7 +607,7 @@ class SparkWriteFailed(JetstreamError):
     code = "SPARK_WRITE_FAILED"
     retriable = True
 
-    def __init__(self, stream: str, partition: int | None, cause: BaseException) -> None:
+    def __init__(self, stream: str, partition: int | None, cause: str) -> None:
         where = stream if partition is None else f"{stream}/{partition}"
         super().__init__(f"writing to {where} failed: {cause}", stream=stream,
-                         partition=partition, cause=str(cause))
+                         partition=partition, cause=cause)

@@ -67,14 +67,12 @@ def read_columns(schema: StructType) -> list[str]:
 
 
 class BatchReader(DataSourceReader):
+    """A batch read; Spark evaluates every filter itself (see FilteringBatchReader)."""
+
     def __init__(self, options: ReadOptions, columns: Sequence[str]) -> None:
         self.options = options
         self.columns = list(columns)
         self.bounds = OffsetBounds()
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        self.bounds, rest = push_filters(self.bounds, filters)
-        return rest
 
     def partitions(self) -> Sequence[InputPartition]:
         plan = run_plan(self.options, self.bounds)
@@ -85,6 +83,16 @@ class BatchReader(DataSourceReader):
             return  # a plan of no tasks: Spark runs one empty partition of its own
         yield from read_task(partition.task, self.columns, self.options.brokers,
                              verify=self.options.verify_crc)
+
+
+class FilteringBatchReader(BatchReader):
+    """A batch read that takes the filters it can apply (jetstream.spark.filters). PySpark
+    refuses a reader with pushFilters while spark.sql.python.filterPushdown.enabled is
+    false, so only the registered source (`register` sets it) reads with this one."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        self.bounds, rest = push_filters(self.bounds, filters)
+        return rest
 
 
 class JetstreamDataSource(DataSource):
@@ -98,7 +106,7 @@ class JetstreamDataSource(DataSource):
         return SPARK_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(parse_read_options(self.options), read_columns(schema))
+        return FilteringBatchReader(parse_read_options(self.options), read_columns(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from jetstream.spark.streaming import StreamReader
@@ -120,3 +128,12 @@ def options_of(options: dict[str, Any]) -> dict[str, str]:
     import json
     return {name: json.dumps(value) if isinstance(value, dict) else str(value)
             for name, value in options.items() if value is not None}
+
+
+class DiscoveredDataSource(JetstreamDataSource):
+    """format("jetstream") as PySpark finds it unregistered (the `pyspark_jetstream` module):
+    the same source, its batch reads leaving filters to Spark, since filter pushdown may be
+    off in that session. `jetstream.spark.register(spark)` replaces it with the filtering one."""
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(parse_read_options(self.options), read_columns(schema))

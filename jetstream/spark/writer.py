@@ -106,7 +106,7 @@ async def _publish(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> 
             except JetstreamError as exc:
                 partitions = {m.partition for m in messages}
                 raise SparkWriteFailed(options.stream, partitions.pop() if len(partitions) == 1
-                                       else None, exc) from exc
+                                       else None, f"[{exc.code}] {exc}") from exc
             for ack in acks:
                 counts[ack.partition] = counts.get(ack.partition, 0) + 1
     return Written(counts)

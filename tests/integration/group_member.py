@@ -8,7 +8,8 @@ It consumes the partitions it is given and prints one JSON line per event on std
 change. With --zombie-commit it also commits every 100 ms, under the identity (member id,
 epoch, partitions) it last held them with, an offset that grows by one each time, and prints
 {"event": "commit", "offset": n, "failed": {"stream/partition": code}} — so a test that
-pauses it (SIGSTOP) sees what becomes of its commits once it wakes after its session ended.
+pauses it (SIGSTOP) sees what becomes of its commits once it wakes after its session ended
+(a request that fails as a whole prints {"event": "commit_error", "code": ...}).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import jetstream
 from jetstream.client import Client
 from jetstream.client.group_subscription import GroupSubscription
+from jetstream.errors import JetstreamError
 
 
 def emit(**event: Any) -> None:
@@ -40,8 +42,14 @@ async def zombie_commits(js: Client, sub: GroupSubscription, group: str) -> None
             continue
         member_id, epoch, partitions = identity
         offset += 1
-        failed = await js.commit_offsets(group, dict.fromkeys(partitions, offset),
-                                         member_id=member_id, member_epoch=epoch)
+        try:
+            failed = await js.commit_offsets(group, dict.fromkeys(partitions, offset),
+                                             member_id=member_id, member_epoch=epoch)
+        except JetstreamError as exc:
+            # A whole request failed, e.g. one in flight when SIGSTOP came timed out on
+            # waking: say so and commit again, as a zombie would.
+            emit(event="commit_error", offset=offset, code=exc.code)
+            continue
         emit(event="commit", offset=offset, member=member_id,
              failed={f"{s}/{p}": exc.code for (s, p), exc in failed.items()})
 

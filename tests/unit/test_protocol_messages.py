@@ -429,7 +429,8 @@ def test_decode_response_raises_the_error_frame() -> None:
 
 # -- errors ------------------------------------------------------------------------------------
 
-SAMPLES: dict[type, Any] = {str: "sample", int: 7, bool: True, list[str]: ["a", "b"]}
+SAMPLES: dict[Any, Any] = {str: "sample", int: 7, int | None: 7, bool: True,
+                           list[str]: ["a", "b"]}
 
 
 def sample_error(cls: type[JetstreamError]) -> JetstreamError:
