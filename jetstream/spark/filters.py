@@ -125,12 +125,18 @@ def _timestamp_range(bounds: OffsetBounds, kind: type[Filter], value: datetime, 
     return dataclasses.replace(bounds, timestamp_min_ms=low, timestamp_max_ms=high)
 
 
-def push_filters(bounds: OffsetBounds, filters: Iterable[Filter]
-                 ) -> tuple[OffsetBounds, list[Filter]]:
-    """The bounds with every filter this source applies, and the filters it does not."""
+def push_filters(bounds: OffsetBounds, filters: Iterable[Filter], *,
+                 rows: bool = True) -> tuple[OffsetBounds, list[Filter]]:
+    """The bounds with every filter this source applies, and the filters it does not.
+    With `rows` False only filters choosing whole partitions are taken (a compacted=latest
+    read: a row filter applied before each key's latest is chosen would change which row is
+    the latest)."""
     rest: list[Filter] = []
     for flt in filters:
-        narrowed = apply_filter(bounds, flt)
+        column = getattr(flt, "attribute", ("",))[0]
+        whole = column in ("stream", "partition") and not isinstance(
+            flt, (GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual))
+        narrowed = apply_filter(bounds, flt) if rows or whole else None
         if narrowed is None:
             rest.append(flt)
         else:

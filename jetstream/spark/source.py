@@ -91,7 +91,8 @@ class FilteringBatchReader(BatchReader):
     false, so only the registered source (`register` sets it) reads with this one."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        self.bounds, rest = push_filters(self.bounds, filters)
+        self.bounds, rest = push_filters(self.bounds, filters,
+                                         rows=not self.options.compacted_latest)
         return rest
 
 

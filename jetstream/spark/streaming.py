@@ -141,7 +141,8 @@ class StreamReader(DataSourceStreamReader):
                     listing.stream, listing.partition, listing.high_watermark,
                     listing.log_start_offset, files, version_path,
                     listing.stream_version if files else None))
-                first = begin.get(key, 0)
+                # A partition new since the last batch starts at its log start.
+                first = begin.get(key, listing.log_start_offset)
                 if first < listing.log_start_offset:
                     if self.options.fail_on_data_loss:
                         raise DataLoss(key[0], key[1], first, listing.log_start_offset)

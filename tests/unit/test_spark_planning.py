@@ -130,6 +130,14 @@ def test_filters_this_source_applies_are_taken() -> None:
     assert rest[0].attribute == ("value",)
 
 
+def test_a_compacted_read_takes_only_filters_choosing_partitions() -> None:
+    bounds, rest = push_filters(OffsetBounds(), [
+        EqualTo(("partition",), 1), GreaterThanOrEqual(("offset",), 20),
+        GreaterThan(("timestamp",), datetime(2026, 1, 1, tzinfo=UTC))], rows=False)
+    assert bounds == OffsetBounds(partitions=frozenset({1}))
+    assert [type(f).__name__ for f in rest] == ["GreaterThanOrEqual", "GreaterThan"]
+
+
 @given(st.dictionaries(st.integers(0, 5), st.tuples(st.integers(0, 100), st.integers(0, 100)),
                        min_size=1), st.integers(1, 300))
 def test_the_trigger_cap_takes_at_most_the_limit(spans: dict[int, tuple[int, int]],
