@@ -9,14 +9,16 @@ maxOffsetsPerTrigger, a trigger takes at most that many offsets, shared among th
 in proportion to their backlog, as Kafka's source does. Partitions added to a stream start at
 their log start. A planned range whose start retention has removed fails the query with
 DataLoss, or with failOnDataLoss=false goes on from the log start. With option group, each
-finished micro-batch's end offsets are committed to the group, so `jetstream groups describe`
-shows the query's lag (behind by up to one micro-batch: Spark tells a source that a batch is
-done when it plans the next); the checkpoint, not the group, is what a restart resumes from.
+finished micro-batch's end offsets are committed to the group at the next trigger (Spark asks
+for the latest offsets from where the finished batch ended, and does so only once it is
+done), so `jetstream groups describe` shows the query's lag; the checkpoint, not the group, is
+what a restart resumes from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
@@ -34,6 +36,7 @@ from jetstream.spark.options import EARLIEST, ReadOptions
 from jetstream.spark.planning import OffsetBounds, PartitionListing, Ranges
 from jetstream.spark.task_reader import TaskPartition, read_task
 
+log = logging.getLogger(__name__)
 Positions = dict[tuple[str, int], int]
 _T = TypeVar("_T")
 
@@ -68,6 +71,7 @@ class StreamReader(DataSourceStreamReader):
     def __init__(self, options: ReadOptions, columns: Sequence[str]) -> None:
         self.options = options
         self.columns = list(columns)
+        self._committed: Positions = {}
 
     def _run(self, work: Callable[[Client], Awaitable[_T]]) -> _T:
         async def run() -> _T:
@@ -108,13 +112,17 @@ class StreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, dict[str, int]], limit: ReadLimit
                      ) -> dict[str, dict[str, int]]:
+        begin = from_json(start)
+
         async def work(client: Client) -> Positions:
+            # `start` is where the last batch ended, and Spark plans a batch only once the
+            # one before it is done: the group may have it now, not one trigger later.
+            await self._commit(client, begin)
             keys = await self._keys(client)
             ends = await asyncio.gather(*(client.offset_for_timestamp(s, p, LATEST_TIMESTAMP)
                                           for s, p in keys))
             return dict(zip(keys, ends, strict=True))
 
-        begin = from_json(start)
         latest = self._run(work)
         if isinstance(limit, ReadMaxRows):
             latest = cap(begin, latest, limit.max_rows)
@@ -161,12 +169,23 @@ class StreamReader(DataSourceStreamReader):
                              skip_lost=not self.options.fail_on_data_loss)
 
     def commit(self, end: dict[str, dict[str, int]]) -> None:
-        group = self.options.group
-        if group is None:
+        if self.options.group is None:
             return
         offsets = from_json(end)
 
         async def work(client: Client) -> None:
-            await client.commit_offsets(group, offsets)
+            await self._commit(client, offsets)
 
         self._run(work)
+
+    async def _commit(self, client: Client, offsets: Positions) -> None:
+        """Commit `offsets` to the group (option group) unless they were the last commit.
+        Partitions the group refuses (it holds a later offset: a query restarted from an
+        older checkpoint) are logged and left as they are."""
+        group = self.options.group
+        if group is None or not offsets or offsets == self._committed:
+            return
+        failed = await client.commit_offsets(group, offsets)
+        for (stream, partition), exc in failed.items():
+            log.warning("group %s: %s/%d not committed: %s", group, stream, partition, exc)
+        self._committed = dict(offsets)
