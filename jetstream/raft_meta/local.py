@@ -14,6 +14,7 @@ from typing import Any
 
 from jetstream.raft_meta.fsm import Command, MetadataState
 from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.reserve import DiskReserve
 
 FILE_NAME = "metadata.json"
 
@@ -21,8 +22,11 @@ Listener = Callable[[Command, Any], None]
 
 
 class LocalMetadata:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, reserve: DiskReserve | None = None) -> None:
         self._path = directory / FILE_NAME
+        #: On a full disk the metadata is written into the reserve's room (deleting a stream
+        #: must work then: it is how space is freed).
+        self._reserve = reserve
         directory.mkdir(parents=True, exist_ok=True)
         if self._path.exists():
             self.state = MetadataState.from_dict(json.loads(self._path.read_text()))
@@ -43,8 +47,14 @@ class LocalMetadata:
         state is on disk before anyone sees it."""
         candidate = MetadataState.from_dict(self.state.to_dict())
         result = candidate.apply(command)
-        write_atomic(self._path, json.dumps(candidate.to_dict(), indent=1).encode())
+        data = json.dumps(candidate.to_dict(), indent=1).encode()
+        if self._reserve is None:
+            write_atomic(self._path, data)
+        else:
+            self._reserve.write(lambda: write_atomic(self._path, data))
         self.state = candidate
         for listener in self._listeners:
             listener(command, result)
+        if self._reserve is not None:
+            self._reserve.ensure()  # take the room back once there is some again
         return result

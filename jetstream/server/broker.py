@@ -58,6 +58,7 @@ from jetstream.server.offsets_stream import OffsetsStream
 from jetstream.server.roles import Roles
 from jetstream.server.socket_api import SocketApi
 from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.reserve import DiskReserve
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class Broker:
         self._nats_server: NatsServer | None = None
         self._nats: NatsPort | None = None
         self._cluster: Cluster | None = None
+        self._reserve = DiskReserve(self.data_dir, config.disk_reserve_bytes)
         self._roles: Roles | None = None
         self._cleaner: CleanerService | None = None
         self._kv: KeyValue | None = None
@@ -110,13 +112,16 @@ class Broker:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self._reserve.ensure():
+            log.warning("no room for the %d-byte disk reserve in %s", self._reserve.size_bytes,
+                        self.data_dir)
         fence = EpochFence(self.data_dir, self._executor)
         nats_port = self._nats = await self._connect_nats()
         if self.config.cluster_members:
             self._cluster = Cluster(self.config, self.data_dir / "meta")
             metadata: LocalMetadata | RaftMetadata = self._cluster.metadata
         else:
-            metadata = LocalMetadata(self.data_dir / "meta")
+            metadata = LocalMetadata(self.data_dir / "meta", self._reserve)
         roles = self._roles = Roles(self.config, self.data_dir, metadata, self._cluster,
                                     nats_port, fence, self._executor)
         if self._cluster is not None:
@@ -156,7 +161,8 @@ class Broker:
         cleaner.start()
         kv.start()
         coordinators.start()
-        write_atomic(self.data_dir / READY_FILE, json.dumps(self.describe_self()).encode())
+        ready = json.dumps(self.describe_self()).encode()
+        self._reserve.write(lambda: write_atomic(self.data_dir / READY_FILE, ready))
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
 
     def _dispatcher(self, admin: Admin, roles: Roles, kv: KeyValue, offsets: OffsetsStream,

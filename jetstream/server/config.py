@@ -85,6 +85,9 @@ class BrokerConfig:
     #: How often retention runs and the high watermark is checkpointed.
     retention_check_ms: int = 30_000
     checkpoint_interval_ms: int = 5_000
+    #: Room kept free in the data directory (a preallocated file) for the metadata writes
+    #: that get a full disk back into use, such as deleting a stream; 0: none.
+    disk_reserve_bytes: int = 4 << 20
     #: Most descriptors of segment files held open by this broker.
     open_files_max: int = 1024
     #: Every broker's metadata Raft address, "id@host:raftport,..." (this one's included).
@@ -129,6 +132,7 @@ class BrokerConfig:
         _range(self, "ingest_batch_bytes_max", 1024, 512 * MiB)
         _range(self, "ingest_inflight_batches_max", 1, 100_000)
         _range(self, "retention_check_ms", 10, 86_400_000)
+        _range(self, "disk_reserve_bytes", 0, 1 << 30)
         _range(self, "cleaner_threads", 1, 64)
         _range(self, "cleaner_buffer_bytes", 64 * 1024, 64 * 1024 * MiB)
         _range(self, "cleaner_backoff_ms", 10, 86_400_000)

@@ -11,6 +11,8 @@ then fall back to the safe choice: a full recovery scan) instead of as a wrong n
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import threading
 from pathlib import Path
@@ -18,6 +20,9 @@ from pathlib import Path
 import crc32c as _crc32c
 
 VERSION = 1
+#: What a write that ran out of room fails with.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+log = logging.getLogger(__name__)
 
 
 def fsync_dir(path: Path) -> None:
@@ -36,20 +41,42 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: leave no half-written file behind
+        raise
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
 
-def write_entries(path: Path, kind: str, entries: list[tuple[int, ...]]) -> None:
+def write_atomic_if_room(path: Path, data: bytes) -> bool:
+    """`write_atomic` for files whose older content stays correct, only less current (a
+    recovery point, a high watermark checkpoint): on a full disk the old file is kept and
+    False returned; other errors raise."""
+    try:
+        write_atomic(path, data)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        log.warning("%s not updated: %s", path, exc.strerror)
+        return False
+    return True
+
+
+def encode_entries(kind: str, entries: list[tuple[int, ...]]) -> bytes:
     body = f"{kind} {VERSION}\n" + "".join(" ".join(map(str, e)) + "\n" for e in entries)
     crc = _crc32c.crc32c(body.encode())
-    write_atomic(path, (body + f"crc {crc:08x}\n").encode())
+    return (body + f"crc {crc:08x}\n").encode()
+
+
+def write_entries(path: Path, kind: str, entries: list[tuple[int, ...]]) -> None:
+    write_atomic(path, encode_entries(kind, entries))
 
 
 def read_entries(path: Path, kind: str) -> list[tuple[int, ...]] | None:
@@ -76,6 +103,11 @@ def read_entries(path: Path, kind: str) -> list[tuple[int, ...]] | None:
 
 def write_offset(path: Path, kind: str, offset: int) -> None:
     write_entries(path, kind, [(offset,)])
+
+
+def write_offset_if_room(path: Path, kind: str, offset: int) -> bool:
+    """`write_offset` of an offset whose older value stays safe (see write_atomic_if_room)."""
+    return write_atomic_if_room(path, encode_entries(kind, [(offset,)]))
 
 
 def read_offset(path: Path, kind: str) -> int | None:

@@ -53,7 +53,12 @@ from jetstream.stream.config import FsyncPolicy, LogConfig
 from jetstream.stream.epoch import EpochEndOffset, LeaderEpochCache
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.handles import DEFAULT_POOL, HandlePool
-from jetstream.stream.recovery import Recovery, RecoveryReport, write_recovery_point
+from jetstream.stream.recovery import (
+    Recovery,
+    RecoveryReport,
+    raise_recovery_point,
+    write_recovery_point,
+)
 from jetstream.stream.segment import Segment
 from jetstream.stream.segment_list import SegmentList
 
@@ -305,7 +310,7 @@ class Log:
         self._segments.append(segment)
         if fsync:
             checkpoint.fsync_dir(self.directory)
-            self._write_recovery_point(segment.base_offset)
+            raise_recovery_point(self.directory, segment.base_offset)
             with self._sync_cond:
                 self._durable_offset = max(self._durable_offset, segment.base_offset)
 
@@ -575,8 +580,9 @@ class Log:
 
     def write_high_watermark(self, high_watermark: int) -> None:
         assert 0 <= high_watermark <= self.log_end_offset, (high_watermark, self.log_end_offset)
-        checkpoint.write_offset(self.directory / HIGH_WATERMARK_FILE, "high-watermark",
-                                high_watermark)
+        # An older high watermark is a safe one (a restart then re-learns the rest).
+        checkpoint.write_offset_if_room(self.directory / HIGH_WATERMARK_FILE, "high-watermark",
+                                        high_watermark)
 
     def read_high_watermark(self) -> int:
         """The last checkpointed high watermark, clamped to the log; the log start offset if
@@ -599,7 +605,7 @@ class Log:
                     if segment is active or segment.next_offset > self._durable_offset:
                         segment.seal(fsync=True)
                 checkpoint.fsync_dir(self.directory)
-                self._write_recovery_point(self.log_end_offset)
+                raise_recovery_point(self.directory, self.log_end_offset)
             finally:
                 for segment in self._segments:
                     segment.close()

@@ -45,6 +45,14 @@ def write_recovery_point(directory: Path, offset: int) -> None:
     checkpoint.write_offset(directory / RECOVERY_POINT_FILE, "recovery-point", offset)
 
 
+def raise_recovery_point(directory: Path, offset: int) -> bool:
+    """Move the recovery point up to `offset` when the disk has room for it. A recovery point
+    that stays lower only makes the next open scan more, so a full disk is not an error here
+    (lowering it, after a truncation, must use write_recovery_point)."""
+    return checkpoint.write_offset_if_room(directory / RECOVERY_POINT_FILE, "recovery-point",
+                                           offset)
+
+
 def segment_bases(directory: Path) -> list[int]:
     """Base offsets of the segment files in `directory`, oldest first. Only names the log
     writes (`%020d.log`); anything else is not ours to read."""
@@ -110,7 +118,7 @@ class Recovery:
             for segment in segments:
                 segment.seal(fsync=True)
             checkpoint.fsync_dir(directory)
-            write_recovery_point(directory, log_end_offset)
+            raise_recovery_point(directory, log_end_offset)
         return RecoveryReport(scanned, truncated, dropped)
 
     def _drop_files(self, bases: list[int]) -> int:

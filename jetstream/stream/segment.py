@@ -14,6 +14,7 @@ Reads walk batch headers from the nearest index entry. Every header read back is
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # Bytes of headers read at once when walking from an index entry to a batch.
 WALK_READ_BYTES = 64 * 1024
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+log = logging.getLogger(__name__)
 
 
 def log_file_name(base_offset: int) -> str:
@@ -224,12 +226,26 @@ class Segment:
         with self._pool.pinned(self.log_path) as fd:
             os.fsync(fd)
 
-    def seal(self, fsync: bool) -> None:
-        """Write the indexes out (at roll and close): `load` can then trust them."""
-        write_file(self.index_path, self.offset_index.to_bytes(), fsync)
-        write_file(self.time_index_path, self.time_index.to_bytes(), fsync)
+    def seal(self, fsync: bool) -> bool:
+        """Write the indexes out (at roll and close): `load` can then trust them. On a full
+        disk the index files are removed instead (they are a cache: the next open rebuilds
+        them from the log, and this segment keeps its indexes in memory); returns whether
+        they were written."""
+        written = True
+        try:
+            write_file(self.index_path, self.offset_index.to_bytes(), fsync)
+            write_file(self.time_index_path, self.time_index.to_bytes(), fsync)
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL_ERRNOS:
+                raise
+            self.index_path.unlink(missing_ok=True)
+            self.time_index_path.unlink(missing_ok=True)
+            log.warning("%s: no space for its index files (%s); they are rebuilt when the log "
+                        "is next opened", self.log_path, exc.strerror)
+            written = False
         if fsync:
             self.sync()
+        return written
 
     def truncate_to(self, offset: int) -> bytes | None:
         """Drop everything at or past `offset` (base_offset <= offset <= next_offset).
