@@ -34,6 +34,7 @@ from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.coordinator import Coordinators
+from jetstream.server.disk import DiskMonitor
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics, render
 from jetstream.server.nats_port import NatsPort
@@ -47,8 +48,9 @@ class Admin:
     def __init__(self, config: BrokerConfig, metadata: LocalMetadata | RaftMetadata,
                  cluster: Cluster | None, roles: Roles, metrics: BrokerMetrics,
                  nats_url: str, nats: NatsPort, cleaner: CleanerService, kv: KeyValue,
-                 coordinators: Coordinators) -> None:
+                 coordinators: Coordinators, disk: DiskMonitor | None = None) -> None:
         self._config = config
+        self._disk = disk
         self._metadata = metadata
         self._cluster = cluster
         self._roles = roles
@@ -173,8 +175,11 @@ class Admin:
                 "roles": self._roles.describe()}
 
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "broker_id": self._config.broker_id,
-                "streams": len(self._metadata.state.streams)}
+        health: dict[str, Any] = {"status": "ok", "broker_id": self._config.broker_id,
+                                  "streams": len(self._metadata.state.streams)}
+        if self._disk is not None:
+            health["disk"] = self._disk.describe()
+        return health
 
     def render_metrics(self, high_watermarks: Mapping[tuple[str, int], int]) -> str:
         leaders = self._roles.leaders

@@ -47,6 +47,7 @@ from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.coordinator import Coordinators
+from jetstream.server.disk import DiskMonitor
 from jetstream.server.epoch_fence import EpochFence
 from jetstream.server.fetch import Reads
 from jetstream.server.http_api import HttpServer
@@ -87,6 +88,8 @@ class Broker:
         self._http: HttpServer | None = None
         self._broker_client: BrokerClient | None = None
         self._failover_task: asyncio.Task[None] | None = None
+        self._disk = DiskMonitor(self.data_dir, config.disk_high_watermark_percent)
+        self._disk_task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetstream-io")
         self._stop = asyncio.Event()
 
@@ -122,8 +125,10 @@ class Broker:
             metadata: LocalMetadata | RaftMetadata = self._cluster.metadata
         else:
             metadata = LocalMetadata(self.data_dir / "meta", self._reserve)
+        self._disk.refresh()
+        self._disk_task = asyncio.create_task(self._watch_disk(), name="disk")
         roles = self._roles = Roles(self.config, self.data_dir, metadata, self._cluster,
-                                    nats_port, fence, self._executor)
+                                    nats_port, fence, self._executor, self._disk)
         if self._cluster is not None:
             metadata.add_listener(self._on_metadata_change)  # before any await
         cleaner = self._cleaner = CleanerService(
@@ -138,7 +143,7 @@ class Broker:
         coordinators = self._coordinators = Coordinators(self.config, metadata, roles, kv,
                                                          offsets, self._executor)
         admin = Admin(self.config, metadata, self._cluster, roles, self.metrics,
-                      self.nats_url, nats_port, cleaner, kv, coordinators)
+                      self.nats_url, nats_port, cleaner, kv, coordinators, self._disk)
         self._socket_api = SocketApi(self.config, self.metrics,
                                      self._dispatcher(admin, roles, kv, offsets, coordinators))
         await self._socket_api.start()
@@ -164,6 +169,23 @@ class Broker:
         ready = json.dumps(self.describe_self()).encode()
         self._reserve.write(lambda: write_atomic(self.data_dir / READY_FILE, ready))
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
+
+    async def _watch_disk(self) -> None:
+        """Refresh the disk's fill level every disk_check_ms; take the reserve back once
+        the disk has room again."""
+        was_full = self._disk.full
+        while True:
+            await asyncio.sleep(self.config.disk_check_ms / 1000)
+            try:
+                await asyncio.to_thread(self._disk.refresh)
+            except OSError as exc:
+                log.warning("cannot read the data disk's usage: %s", exc)
+                continue
+            if self._disk.full != was_full:
+                was_full = self._disk.full
+                log.warning("data disk %s: %s", self.data_dir, self._disk.describe())
+            if not self._disk.full and not self._reserve.held:
+                await asyncio.to_thread(self._reserve.ensure)
 
     def _dispatcher(self, admin: Admin, roles: Roles, kv: KeyValue, offsets: OffsetsStream,
                     groups: Coordinators) -> Dispatcher:
@@ -231,6 +253,7 @@ class Broker:
         if roles is not None:
             await roles.disable()
         await cancel_and_wait(self._failover_task)
+        await cancel_and_wait(self._disk_task)
         if self._socket_api is not None:
             await self._socket_api.stop()
         if self._http is not None:

@@ -88,6 +88,10 @@ class BrokerConfig:
     #: Room kept free in the data directory (a preallocated file) for the metadata writes
     #: that get a full disk back into use, such as deleting a stream; 0: none.
     disk_reserve_bytes: int = 4 << 20
+    #: Above this share of the data disk in use, appends are refused (DISK_FULL), so the
+    #: broker keeps room to recover and delete; checked every `disk_check_ms`.
+    disk_high_watermark_percent: int = 95
+    disk_check_ms: int = 1_000
     #: Most descriptors of segment files held open by this broker.
     open_files_max: int = 1024
     #: Every broker's metadata Raft address, "id@host:raftport,..." (this one's included).
@@ -133,6 +137,8 @@ class BrokerConfig:
         _range(self, "ingest_inflight_batches_max", 1, 100_000)
         _range(self, "retention_check_ms", 10, 86_400_000)
         _range(self, "disk_reserve_bytes", 0, 1 << 30)
+        _range(self, "disk_high_watermark_percent", 1, 100)
+        _range(self, "disk_check_ms", 10, 60_000)
         _range(self, "cleaner_threads", 1, 64)
         _range(self, "cleaner_buffer_bytes", 64 * 1024, 64 * 1024 * MiB)
         _range(self, "cleaner_backoff_ms", 10, 86_400_000)

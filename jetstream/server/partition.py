@@ -61,6 +61,7 @@ from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
 from jetstream.protocol.envelope import AckPolicy, decode_envelope
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
+from jetstream.server.disk import DiskMonitor
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort, Subscription
 from jetstream.server.nats_wire import NatsMsg
@@ -119,8 +120,10 @@ class PartitionLeader:
         executor: Executor | None,
         metrics: PartitionMetrics,
         replication: Replication | None = None,
+        disk: DiskMonitor | None = None,
     ) -> None:
         self.stream = stream
+        self._disk = disk
         self.state = state
         self.log = log_
         self._nats = nats_port
@@ -290,6 +293,8 @@ class PartitionLeader:
         if not records:
             return
         try:
+            if self._disk is not None:
+                self._disk.check()
             info = self.log.append(records, self.state.leader_epoch, sync=False)
         except JetstreamError as exc:
             log.warning("append to %s failed: %s", self.name, exc)
@@ -375,6 +380,8 @@ class PartitionLeader:
         if self._stopping:
             raise NotLeader(self.stream.name, self.state.partition)
         await self._wait_for_room()
+        if self._disk is not None:
+            self._disk.check()
         info = self.log.append(records, self.state.leader_epoch, sync=False)
         self._on_append()
         self.metrics.appended_records += len(records)

@@ -37,6 +37,7 @@ from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
+from jetstream.server.disk import DiskMonitor
 from jetstream.server.epoch_fence import EpochFence, PartitionKey
 from jetstream.server.follower import PartitionFollower
 from jetstream.server.metrics import PartitionMetrics
@@ -72,8 +73,10 @@ class Roles:
 
     def __init__(self, config: BrokerConfig, data_dir: Path,
                  metadata: LocalMetadata | RaftMetadata, cluster: Cluster | None,
-                 nats: NatsPort, fence: EpochFence, executor: Executor) -> None:
+                 nats: NatsPort, fence: EpochFence, executor: Executor,
+                 disk: DiskMonitor | None = None) -> None:
         self._config = config
+        self._disk = disk
         self._data_dir = data_dir
         self._metadata = metadata
         self._cluster = cluster
@@ -265,7 +268,7 @@ class Roles:
     async def _start_leader(self, stream: StreamConfig, partition: PartitionState) -> None:
         leader = PartitionLeader(stream, partition, self._open_log(stream, partition),
                                  self._nats, self._config, self._executor, PartitionMetrics(),
-                                 self._replication(partition))
+                                 self._replication(partition), self._disk)
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
         self.leaders[(stream.name, partition.partition)] = leader

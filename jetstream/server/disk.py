@@ -1,0 +1,50 @@
+"""The data disk's fill level, and the high watermark above which appends are refused.
+
+Theory of operation: as Elasticsearch's disk watermarks and Kafka's log-dir checks do, the
+broker stops taking appends before the filesystem is truly full, so that it always has room
+to recover, checkpoint, write metadata and delete. `DiskMonitor.refresh` reads the
+filesystem's usage (statvfs) and runs every `disk_check_ms` off the event loop's hot path;
+partition leaders call `check` before each append, which is a comparison of two numbers.
+Above `disk_high_watermark_percent` an append is refused with DISK_FULL; once space is freed
+(retention, a deleted stream) the next refresh lets appends in again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jetstream.errors import DiskFull
+
+
+@dataclass
+class DiskMonitor:
+    path: Path
+    high_watermark_percent: int
+    used_percent: float = 0.0
+    free_bytes: int = 0
+
+    def refresh(self) -> None:
+        stats = os.statvfs(self.path)
+        total = stats.f_blocks * stats.f_frsize
+        self.free_bytes = stats.f_bavail * stats.f_frsize
+        self.used_percent = 100.0 * (total - self.free_bytes) / total if total else 0.0
+
+    @property
+    def full(self) -> bool:
+        return self.used_percent >= self.high_watermark_percent
+
+    def check(self) -> None:
+        """Raise DiskFull while the disk is above its high watermark."""
+        if self.full:
+            raise DiskFull(f"the data disk is {self.used_percent:.1f} % used, above "
+                           f"disk_high_watermark_percent ({self.high_watermark_percent} %): "
+                           "free space (retention, delete a stream) and appends resume",
+                           used_percent=round(self.used_percent, 1),
+                           high_watermark_percent=self.high_watermark_percent)
+
+    def describe(self) -> dict[str, Any]:
+        return {"used_percent": round(self.used_percent, 1), "free_bytes": self.free_bytes,
+                "high_watermark_percent": self.high_watermark_percent, "full": self.full}
