@@ -44,7 +44,7 @@ from typing import Any
 import nats
 
 import jetstream
-from bench.common import JsonObject, no_op_responder, percentile
+from bench.common import JsonObject, no_op_responder, publish_pipelined
 from jetstream.natsd import NatsServer
 from jetstream.server.process import BrokerProcess
 
@@ -86,41 +86,9 @@ def progress(message: str) -> None:
 
 
 async def publish_with_acks(url: str, subject: str, count: int, window: int) -> PubRun:
-    nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
-    inbox = nc.new_inbox()
-    sent_at = [0.0] * count
-    latencies: list[float] = []
-    state = {"in_flight": 0, "acked": 0, "errors": 0}
-    room = asyncio.Event()
-    done = asyncio.Event()
-
-    async def on_ack(msg: Any) -> None:
-        i = int(msg.subject.rsplit(".", 1)[1])
-        latencies.append(time.perf_counter() - sent_at[i])
-        if b'"error"' in msg.data:
-            state["errors"] += 1
-        state["acked"] += 1
-        state["in_flight"] -= 1
-        room.set()
-        if state["acked"] == count:
-            done.set()
-
-    await nc.subscribe(inbox + ".*", cb=on_ack, pending_msgs_limit=10 * window)
-    await nc.flush()
-    publish = nc.publish
-    started = time.perf_counter()
-    for i in range(count):
-        while state["in_flight"] >= window:
-            room.clear()
-            await room.wait()
-        sent_at[i] = time.perf_counter()
-        state["in_flight"] += 1
-        await publish(subject, PAYLOAD, reply=f"{inbox}.{i}")
-    await asyncio.wait_for(done.wait(), ACK_TIMEOUT_S)
-    elapsed = time.perf_counter() - started
-    await nc.close()
-    return PubRun(count / elapsed, percentile(latencies, 50) * 1000,
-                  percentile(latencies, 99) * 1000, state["errors"])
+    """`count` PAYLOAD messages on `subject` through the pipelined publisher of bench.common."""
+    run = await publish_pipelined(url, [(subject, PAYLOAD, None)] * count, window)
+    return PubRun(run["puts_per_s"], run["ack_p50_ms"], run["ack_p99_ms"], run["errors"])
 
 
 def median_run(runs: Sequence[PubRun]) -> JsonObject:

@@ -55,6 +55,4 @@ class LocalMetadata:
         self.state = candidate
         for listener in self._listeners:
             listener(command, result)
-        if self._reserve is not None:
-            self._reserve.ensure()  # take the room back once there is some again
         return result

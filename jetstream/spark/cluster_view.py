@@ -72,6 +72,24 @@ def _exists(path: str) -> bool:
     return fs.exists(inner)
 
 
+def partition_listing(listing: SegmentListing, options: ReadOptions) -> PartitionListing:
+    """What planning needs of a leader's LIST_SEGMENTS answer, with the segment files the
+    read may open (none when it goes to the brokers)."""
+    files, version_path = file_locations(listing, options)
+    return PartitionListing(listing.stream, listing.partition, listing.high_watermark,
+                            listing.log_start_offset, files, version_path,
+                            listing.stream_version if files else None)
+
+
+async def committed_offsets(client: Client, group: str | None,
+                            keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The group's committed offsets of `keys` (none without a group)."""
+    if group is None or not keys:
+        return {}
+    found = await client.fetch_offsets(group, keys)
+    return {key: value.offset for key, value in found.items()}
+
+
 def file_locations(listing: SegmentListing, options: ReadOptions
                    ) -> tuple[tuple[tuple[int, str], ...], str | None]:
     """The segment files' paths or URLs and the version marker's, or ((), None) when the
@@ -125,10 +143,7 @@ async def plan_read(client: Client, options: ReadOptions, bounds: OffsetBounds) 
         streams = [info for info in streams if info.name in bounds.streams]
     listings = await _listings(client, streams, bounds)
     keys = [(listing.stream, listing.partition) for listing in listings]
-    committed: dict[tuple[str, int], int] = {}
-    if options.group is not None and keys:
-        found = await client.fetch_offsets(options.group, keys)
-        committed = {key: value.offset for key, value in found.items()}
+    committed = await committed_offsets(client, options.group, keys)
     starts_at = await _offsets_at(client, keys, options.starting_timestamp_ms)
     ends_at = await _offsets_at(client, keys, options.ending_timestamp_ms)
     # A pushed-down `timestamp >= t`: no record before this offset is that recent.
@@ -136,10 +151,7 @@ async def plan_read(client: Client, options: ReadOptions, bounds: OffsetBounds) 
     planned: list[PartitionListing] = []
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
     for listing, key in zip(listings, keys, strict=True):
-        files, version_path = file_locations(listing, options)
-        view = PartitionListing(listing.stream, listing.partition, listing.high_watermark,
-                                listing.log_start_offset, files, version_path,
-                                listing.stream_version if files else None)
+        view = partition_listing(listing, options)
         planned.append(view)
         start = planning.resolve_start(view, options, committed=committed.get(key),
                                        timestamp_offset=starts_at.get(key))

@@ -31,7 +31,7 @@ from pyspark.sql.datasource import (
 
 from jetstream.spark.planning import OffsetBounds
 
-_INT_COLUMNS = ("offset", "partition")
+_COMPARISONS = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
 #: Columns no row has null: `IS NOT NULL` on them (which Spark adds to comparisons) holds.
 _NEVER_NULL = ("stream", "partition", "offset", "timestamp", "subject", "headers", "leader_epoch")
 
@@ -46,12 +46,19 @@ def _millis(value: Any) -> int | None:
     return int(value.timestamp() * 1000)
 
 
-def _exclusive_high(value: int, kind: type[Filter]) -> int:
-    return value + 1 if kind in (LessThanOrEqual, EqualTo) else value
-
-
 def _int_value(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _equal_values(kind: type[Filter], value: Any) -> tuple[Any, ...] | None:
+    """The values an `=` or `IN` filter allows, None for any other filter."""
+    if kind is In:
+        return tuple(value)
+    return (value,) if kind is EqualTo else None
+
+
+def _within(allowed: frozenset[Any], before: frozenset[Any] | None) -> frozenset[Any]:
+    return allowed if before is None else allowed & before
 
 
 def apply_filter(bounds: OffsetBounds, flt: Filter) -> OffsetBounds | None:
@@ -63,51 +70,35 @@ def apply_filter(bounds: OffsetBounds, flt: Filter) -> OffsetBounds | None:
     if kind is IsNotNull and column in _NEVER_NULL:
         return bounds
     value: Any = getattr(flt, "value", None)
-    if column == "stream":
-        values = value if kind is In else (value,) if kind is EqualTo else None
-        if values is None or not all(isinstance(v, str) for v in values):
+    if column in ("stream", "partition"):
+        # `=` and `IN` only: comparisons on partition are rare, and Spark applies them.
+        values = _equal_values(kind, value)
+        if column == "stream":
+            if values is None or not all(isinstance(v, str) for v in values):
+                return None
+            return dataclasses.replace(bounds, streams=_within(frozenset(values),
+                                                               bounds.streams))
+        if values is None or not all(_int_value(v) is not None for v in values):
             return None
-        allowed = frozenset(values)
-        if bounds.streams is not None:
-            allowed &= bounds.streams
-        return dataclasses.replace(bounds, streams=allowed)
-    if column == "partition" and kind is In:
-        if not all(_int_value(v) is not None for v in value):
-            return None
-        allowed_partitions = frozenset(value)
-        if bounds.partitions is not None:
-            allowed_partitions &= bounds.partitions
-        return dataclasses.replace(bounds, partitions=allowed_partitions)
-    if column in _INT_COLUMNS:
+        return dataclasses.replace(bounds, partitions=_within(frozenset(values),
+                                                              bounds.partitions))
+    if kind not in _COMPARISONS:
+        return None
+    if column == "offset":
         number = _int_value(value)
-        if number is None or kind not in (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan,
-                                          LessThanOrEqual):
+        if number is None:
             return None
-        low = number + 1 if kind is GreaterThan else number
-        if column == "partition":
-            return _partition_range(bounds, kind, number)
-        if kind in (GreaterThan, GreaterThanOrEqual):
-            return dataclasses.replace(bounds, low=max(bounds.low, low))
-        if kind in (LessThan, LessThanOrEqual):
-            return dataclasses.replace(bounds, high=min(bounds.high, _exclusive_high(number, kind)))
-        return dataclasses.replace(bounds, low=max(bounds.low, number),
-                                   high=min(bounds.high, number + 1))
+        low, high = bounds.low, bounds.high
+        if kind in (GreaterThan, GreaterThanOrEqual, EqualTo):
+            low = max(low, number + 1 if kind is GreaterThan else number)
+        if kind in (LessThan, LessThanOrEqual, EqualTo):
+            high = min(high, number if kind is LessThan else number + 1)
+        return dataclasses.replace(bounds, low=low, high=high)
     if column == "timestamp":
         millis = _millis(value)
-        if millis is None or kind not in (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan,
-                                          LessThanOrEqual):
+        if millis is None:
             return None
         return _timestamp_range(bounds, kind, value, millis)
-    return None
-
-
-def _partition_range(bounds: OffsetBounds, kind: type[Filter], number: int) -> OffsetBounds | None:
-    if kind is EqualTo:
-        allowed = frozenset({number})
-        if bounds.partitions is not None:
-            allowed &= bounds.partitions
-        return dataclasses.replace(bounds, partitions=allowed)
-    # Comparisons on partition are rare; Spark applies them.
     return None
 
 

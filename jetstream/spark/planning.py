@@ -88,13 +88,14 @@ class Ranges:
     ranges: Mapping[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
     def starts(self) -> dict[str, dict[str, int]]:
-        return _as_json({key: start for key, (start, _end) in self.ranges.items()})
+        return offsets_json({key: start for key, (start, _end) in self.ranges.items()})
 
     def ends(self) -> dict[str, dict[str, int]]:
-        return _as_json({key: end for key, (_start, end) in self.ranges.items()})
+        return offsets_json({key: end for key, (_start, end) in self.ranges.items()})
 
 
-def _as_json(offsets: Mapping[tuple[str, int], int]) -> dict[str, dict[str, int]]:
+def offsets_json(offsets: Mapping[tuple[str, int], int]) -> dict[str, dict[str, int]]:
+    """Per-partition offsets in Kafka's JSON form, {"orders": {"0": 42}}."""
     out: dict[str, dict[str, int]] = {}
     for (stream, partition), offset in sorted(offsets.items()):
         out.setdefault(stream, {})[str(partition)] = offset
@@ -104,8 +105,7 @@ def _as_json(offsets: Mapping[tuple[str, int], int]) -> dict[str, dict[str, int]
 def resolve_start(listing: PartitionListing, options: ReadOptions, *,
                   committed: int | None, timestamp_offset: int | None) -> int:
     """Where a read of the partition starts (see the module docstring)."""
-    stream, partition = listing.stream, listing.partition
-    explicit = options.starting.per_partition.get(stream, {}).get(partition)
+    explicit = options.starting.per_partition.get(listing.stream, {}).get(listing.partition)
     if committed is not None:
         wanted = committed
     elif explicit is not None and explicit >= 0:
@@ -117,11 +117,17 @@ def resolve_start(listing: PartitionListing, options: ReadOptions, *,
         return listing.log_start_offset if marker == EARLIEST else listing.high_watermark
     if wanted > listing.high_watermark:
         raise OffsetOutOfRange(wanted, listing.log_start_offset, listing.high_watermark)
-    if wanted < listing.log_start_offset:
+    return not_below_log_start(listing, wanted, options)
+
+
+def not_below_log_start(listing: PartitionListing, offset: int, options: ReadOptions) -> int:
+    """`offset`, unless retention removed it: then DataLoss, or with failOnDataLoss=false
+    the log start offset."""
+    if offset < listing.log_start_offset:
         if options.fail_on_data_loss:
-            raise DataLoss(stream, partition, wanted, listing.log_start_offset)
+            raise DataLoss(listing.stream, listing.partition, offset, listing.log_start_offset)
         return listing.log_start_offset
-    return wanted
+    return offset
 
 
 def resolve_end(listing: PartitionListing, options: ReadOptions, *,

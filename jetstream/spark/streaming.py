@@ -29,23 +29,15 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 import jetstream.spark.cluster_view as cluster_view
 import jetstream.spark.planning as planning
 from jetstream.client.client import Client, connect
-from jetstream.errors import DataLoss
 from jetstream.protocol.messages import LATEST_TIMESTAMP
 from jetstream.spark.cluster_view import run_sync
 from jetstream.spark.options import EARLIEST, ReadOptions
-from jetstream.spark.planning import OffsetBounds, PartitionListing, Ranges
+from jetstream.spark.planning import OffsetBounds, Ranges, offsets_json
 from jetstream.spark.task_reader import TaskPartition, read_task
 
 log = logging.getLogger(__name__)
 Positions = dict[tuple[str, int], int]
 _T = TypeVar("_T")
-
-
-def to_json(positions: Mapping[tuple[str, int], int]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for (stream, partition), offset in sorted(positions.items()):
-        out.setdefault(stream, {})[str(partition)] = offset
-    return out
 
 
 def from_json(document: Mapping[str, Mapping[str, int]]) -> Positions:
@@ -87,10 +79,7 @@ class StreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, dict[str, int]]:
         async def work(client: Client) -> Positions:
             keys = await self._keys(client)
-            committed: Positions = {}
-            if self.options.group is not None and keys:
-                found = await client.fetch_offsets(self.options.group, keys)
-                committed = {key: value.offset for key, value in found.items()}
+            committed = await cluster_view.committed_offsets(client, self.options.group, keys)
             out: Positions = {}
             for stream, partition in keys:
                 key = (stream, partition)
@@ -108,7 +97,7 @@ class StreamReader(DataSourceStreamReader):
                         stream, partition, offset if offset == EARLIEST else LATEST_TIMESTAMP)
             return out
 
-        return to_json(self._run(work))
+        return offsets_json(self._run(work))
 
     def latestOffset(self, start: dict[str, dict[str, int]], limit: ReadLimit
                      ) -> dict[str, dict[str, int]]:
@@ -127,7 +116,7 @@ class StreamReader(DataSourceStreamReader):
         if isinstance(limit, ReadMaxRows):
             latest = cap(begin, latest, limit.max_rows)
         # A partition never moves backwards (a restarted leader's HW may briefly lag).
-        return to_json({key: max(offset, begin.get(key, 0)) for key, offset in latest.items()})
+        return offsets_json({key: max(offset, begin.get(key, 0)) for key, offset in latest.items()})
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is None:
@@ -141,20 +130,13 @@ class StreamReader(DataSourceStreamReader):
         async def work(client: Client) -> list[TaskPartition]:
             wanted = [key for key in finish if finish[key] > begin.get(key, 0)]
             listings = await asyncio.gather(*(client.list_segments(s, p) for s, p in wanted))
-            views: list[PartitionListing] = []
+            views = [cluster_view.partition_listing(listing, self.options)
+                     for listing in listings]
             ranges: dict[tuple[str, int], tuple[int, int]] = {}
-            for key, listing in zip(wanted, listings, strict=True):
-                files, version_path = cluster_view.file_locations(listing, self.options)
-                views.append(PartitionListing(
-                    listing.stream, listing.partition, listing.high_watermark,
-                    listing.log_start_offset, files, version_path,
-                    listing.stream_version if files else None))
+            for key, view in zip(wanted, views, strict=True):
                 # A partition new since the last batch starts at its log start.
-                first = begin.get(key, listing.log_start_offset)
-                if first < listing.log_start_offset:
-                    if self.options.fail_on_data_loss:
-                        raise DataLoss(key[0], key[1], first, listing.log_start_offset)
-                    first = listing.log_start_offset
+                first = planning.not_below_log_start(
+                    view, begin.get(key, view.log_start_offset), self.options)
                 ranges[key] = (first, max(first, finish[key]))
             tasks = planning.plan_tasks(views, Ranges(ranges), self.options, OffsetBounds())
             return [TaskPartition(task) for task in tasks]

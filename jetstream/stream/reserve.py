@@ -6,7 +6,7 @@ directory, allocated with posix_fallocate so its blocks are really taken. A writ
 needs in order to get out of a full disk (the metadata that deletes a stream or changes its
 retention) goes through `DiskReserve.write`: when it fails for lack of room, the reserve is
 released (the file deleted, its blocks freed) and the write tried once more. `ensure` takes
-the room back when the disk has it again (at start, and after the broker freed space).
+the room back when the disk has it again (at start, and at the broker's disk checks).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class DiskReserve:
     def ensure(self) -> bool:
         """Hold the reserve, if the disk has room for it; whether it is held."""
         if self.size_bytes <= 0 or self.held:
-            return self.size_bytes <= 0 or self.held
+            return True
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:

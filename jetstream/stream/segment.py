@@ -13,7 +13,6 @@ Reads walk batch headers from the nearest index entry. Every header read back is
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from jetstream.errors import CorruptRecord, DiskFull
 from jetstream.stream import format as fmt
+from jetstream.stream.checkpoint import DISK_FULL_ERRNOS
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.index import (
     OffsetIndex,
@@ -34,7 +34,6 @@ from jetstream.stream.index import (
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # Bytes of headers read at once when walking from an index entry to a batch.
 WALK_READ_BYTES = 64 * 1024
-_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 log = logging.getLogger(__name__)
 
 
@@ -196,7 +195,7 @@ class Segment:
             except OSError as exc:
                 # Leave no partial batch behind: the file ends where it did before.
                 os.ftruncate(fd, position)
-                if exc.errno in _DISK_FULL_ERRNOS:
+                if exc.errno in DISK_FULL_ERRNOS:
                     raise DiskFull(f"no space to append {total} bytes to {self.log_path}: "
                                    f"{exc.strerror}") from exc
                 raise
@@ -236,7 +235,7 @@ class Segment:
             write_file(self.index_path, self.offset_index.to_bytes(), fsync)
             write_file(self.time_index_path, self.time_index.to_bytes(), fsync)
         except OSError as exc:
-            if exc.errno not in _DISK_FULL_ERRNOS:
+            if exc.errno not in DISK_FULL_ERRNOS:
                 raise
             self.index_path.unlink(missing_ok=True)
             self.time_index_path.unlink(missing_ok=True)
