@@ -158,6 +158,9 @@ class GroupSubscription:
         self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
         self._commit_lock = asyncio.Lock()
+        #: Held while the partitions change: a rebalance (heartbeat task) and a lost lease
+        #: (consumer task) must not interleave.
+        self._membership_lock = asyncio.Lock()
         self._error: JetstreamError | None = None
         self._closed = False
         self._joined = asyncio.Event()
@@ -235,7 +238,7 @@ class GroupSubscription:
             if self._closed:
                 raise StopAsyncIteration
             if self.member_id and not self._lease_valid():
-                await self._lose_all("its lease ended")
+                await self._lose_all("its lease ended", unless_renewed=True)
                 continue
             feed = self._batch_feed
             while feed is not None and self._index < len(self._batch):
@@ -390,41 +393,46 @@ class GroupSubscription:
         return response.heartbeat_interval_ms
 
     async def _reconcile(self, assignment: frozenset[Partition]) -> None:
-        held = self.assignment
-        revoked, added = held - assignment, assignment - held
-        if revoked or added:
-            self.rebalances += 1
-        if revoked:
-            for partition in revoked:
-                self._feeds[partition].revoked = True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(),
-                                       self._settings.rebalance_timeout_ms / 1000)
-            feeds = [self._feeds[p] for p in revoked]
-            if self._settings.auto_commit:
-                try:
-                    await self._commit_done(feeds)
-                except JetstreamError as exc:
-                    log.warning("group %s: commit on revoke failed: %s", self.group, exc)
-            await self._stop_feeds(list(revoked))
-            await _call(self._settings.on_revoke, frozenset(revoked))
-        if added:
-            await self._start_feeds(sorted(added))
-            await _call(self._settings.on_assign, frozenset(added))
+        async with self._membership_lock:
+            held = self.assignment
+            revoked, added = held - assignment, assignment - held
+            if revoked or added:
+                self.rebalances += 1
+            if revoked:
+                for partition in revoked:
+                    self._feeds[partition].revoked = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(),
+                                           self._settings.rebalance_timeout_ms / 1000)
+                feeds = [self._feeds[p] for p in revoked]
+                if self._settings.auto_commit:
+                    try:
+                        await self._commit_done(feeds)
+                    except JetstreamError as exc:
+                        log.warning("group %s: commit on revoke failed: %s", self.group, exc)
+                await self._stop_feeds(list(revoked))
+                await _call(self._settings.on_revoke, frozenset(revoked))
+            if added:
+                await self._start_feeds(sorted(added))
+                await _call(self._settings.on_assign, frozenset(added))
 
-    async def _lose_all(self, why: str) -> None:
+    async def _lose_all(self, why: str, *, unless_renewed: bool = False) -> None:
         """The member lost its membership (lease ended, fenced, unknown): stop consuming
-        everything without committing, and join again as a new member."""
-        lost = frozenset(self._feeds)
-        self._batch_feed, self._batch, self._index, self._in_hand = None, [], 0, None
-        if self.member_id:
-            log.warning("group %s: member %s lost its partitions (%s)", self.group,
-                        self.member_id, why)
-        self.member_id, self.member_epoch, self._lease_until = "", 0, 0.0
-        await self._stop_feeds(list(lost))
-        if lost:
-            self.rebalances += 1
-            await _call(self._settings.on_revoke, lost)
+        everything without committing, and join again as a new member. `unless_renewed`:
+        not if a heartbeat answered while this waited for a rebalance to finish."""
+        async with self._membership_lock:
+            if unless_renewed and self._lease_valid():
+                return
+            lost = frozenset(self._feeds)
+            self._batch_feed, self._batch, self._index, self._in_hand = None, [], 0, None
+            if self.member_id:
+                log.warning("group %s: member %s lost its partitions (%s)", self.group,
+                            self.member_id, why)
+            self.member_id, self.member_epoch, self._lease_until = "", 0, 0.0
+            await self._stop_feeds(list(lost))
+            if lost:
+                self.rebalances += 1
+                await _call(self._settings.on_revoke, lost)
 
     # -- partitions -----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ its PID when the test ends."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -16,6 +17,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,11 +35,13 @@ DEADLINE_S = 30.0
 
 class Member:
     def __init__(self, broker: BrokerProcess, group: str, stream: str, *extra: str) -> None:
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.integration.group_member", "--brokers",
              broker.address, "--group", group, "--stream", stream, "--session-timeout-ms",
              str(SESSION_MS), *extra],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            cwd=REPO, stdout=subprocess.PIPE, stderr=self._stderr)
+        self.seen: collections.deque[dict[str, Any]] = collections.deque(maxlen=10)
         self._pending = b""
         self.partitions: list[tuple[str, int]] = []
         #: When it last reported a change of its partitions (its clock: CLOCK_MONOTONIC).
@@ -52,6 +56,7 @@ class Member:
             while b"\n" in self._pending:
                 line, self._pending = self._pending.split(b"\n", 1)
                 event = json.loads(line)
+                self.seen.append(event)
                 if event["event"] == "assigned":
                     self.partitions = [tuple(p) for p in event["partitions"]]
                     self.changed_at = event["t"]
@@ -68,7 +73,10 @@ class Member:
         for event in self.events(timeout_s):
             if predicate(event):
                 return event
-        raise AssertionError(f"timed out waiting for {what}")
+        self._stderr.seek(0)
+        raise AssertionError(
+            f"no {what} within {timeout_s} s; its last events: {list(self.seen)}; exit code "
+            f"{self.proc.poll()}; its stderr ends: {self._stderr.read()[-2000:]!r}")
 
     def drain(self) -> None:
         for _event in self.events(0.2):
@@ -80,6 +88,7 @@ class Member:
                 os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.kill()
         self.proc.wait(10)
+        self._stderr.close()
 
 
 @pytest.fixture
