@@ -30,6 +30,9 @@ Membership follows Kafka's rules:
   fetching, removed for lagging, is not added straight back because its old LEO still
   reaches an HW that did not move). On joining it is treated as caught up at that moment,
   so it is not removed again before it had `replica_lag_ms_max` to catch up fully.
+- a follower that says it is unfit (`unfit`: its copy is damaged, its disk is full) is
+  proposed for removal at once, and not added back while it says so: it cannot be trusted
+  to hold, or to take, what the HW promises.
 Both are checked on every input (fetch, tick, commit), lagging members first. At most one
 proposal is in flight; it ends when the metadata commits exactly its ISR (a different commit
 leaves it in flight: with a compare-and-set on the epoch only, it may still be applied after)
@@ -55,6 +58,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 IsrChangeReason = Literal["shrink", "expand"]
+#: Why a follower must not be in the ISR now ("" when it may be): its copy has damage it has
+#: not healed, or its disk is too full to take appends.
+Unfit = Literal["", "corrupt", "disk_full"]
+UNFIT_REASONS: tuple[Unfit, ...] = ("", "corrupt", "disk_full")
+
+
+def as_unfit(value: str) -> Unfit:
+    """`value` as a reason (ValueError when it is not one)."""
+    for reason in UNFIT_REASONS:
+        if value == reason:
+            return reason
+    raise ValueError(f"{value!r} is not one of {list(UNFIT_REASONS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +108,8 @@ class FollowerState:
     in_isr: bool
     #: In the maximal ISR: the committed ISR plus a pending addition (counts for the HW).
     counts_for_hw: bool
+    #: What the replica last said keeps it out of the ISR ("" for nothing).
+    unfit: Unfit = ""
 
 
 @dataclass(slots=True)
@@ -104,6 +121,7 @@ class _Follower:
     # to the leader's at the start of the epoch).
     prev_fetch_leader_leo: int
     prev_fetch_ms: int
+    unfit: Unfit = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +213,7 @@ class LeaderState:
         follower = self._follower(replica_id)
         return FollowerState(replica_id, follower.log_end_offset, follower.last_caught_up_ms,
                              follower.last_fetch_ms, replica_id in self._isr,
-                             replica_id in self.maximal_isr)
+                             replica_id in self.maximal_isr, follower.unfit)
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -215,13 +233,17 @@ class LeaderState:
         self._log_end_offset = max(self._log_end_offset, durable_end_offset)
         return self._decide()
 
-    def on_follower_fetch(self, replica_id: int, fetch_offset: int,
-                          now_ms: int) -> list[Decision]:
-        """Follower `replica_id` fetches at `fetch_offset`: it holds every offset below."""
+    def on_follower_fetch(self, replica_id: int, fetch_offset: int, now_ms: int,
+                          unfit: Unfit = "") -> list[Decision]:
+        """Follower `replica_id` fetches at `fetch_offset`: it holds every offset below.
+        `unfit` (not ""): it must leave the ISR, and stay out while it says so."""
         follower = self._follower(replica_id)
         if not 0 <= fetch_offset <= self._log_end_offset:
             raise ValueError(f"replica {replica_id} fetches at {fetch_offset}, outside "
                              f"[0, {self._log_end_offset}] (the leader's LEO)")
+        if unfit not in UNFIT_REASONS:
+            raise ValueError(f"replica {replica_id} says it is unfit for {unfit!r}")
+        follower.unfit = unfit
         now = self._advance_clock(now_ms)
         caught_up_at: int | None = None
         if fetch_offset >= self._log_end_offset:
@@ -318,14 +340,16 @@ class LeaderState:
         return None
 
     def _lagging(self, replica: int) -> bool:
-        caught_up = self._followers[replica].last_caught_up_ms
+        """Lagging, or unfit: either way it leaves the ISR."""
+        follower = self._followers[replica]
+        caught_up = follower.last_caught_up_ms
         assert caught_up is not None, replica  # set for ISR members at start and on joining
-        return self._now_ms - caught_up > self.replica_lag_ms_max
+        return bool(follower.unfit) or self._now_ms - caught_up > self.replica_lag_ms_max
 
     def _ready(self, replica: int) -> bool:
         follower = self._followers[replica]
         leo, fetched_ms = follower.log_end_offset, follower.last_fetch_ms
-        return (leo is not None and fetched_ms is not None
+        return (not follower.unfit and leo is not None and fetched_ms is not None
                 and leo >= max(self._hw, self.epoch_start_offset)
                 and self._now_ms - fetched_ms <= self.replica_lag_ms_max)
 

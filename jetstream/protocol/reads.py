@@ -64,6 +64,7 @@ LATEST_TIMESTAMP = -1
 
 Isolation = Literal["committed", "uncommitted"]
 _ISOLATIONS = ("committed", "uncommitted")
+_UNFIT = ("", "corrupt", "disk_full")
 
 #: Most segments one ListSegments answer lists: at 64 MiB a segment, 6 PiB of partition.
 SEGMENTS_MAX = 100_000
@@ -125,6 +126,9 @@ class FetchRequest(Request):
     replica_id: int = -1
     isolation: Isolation = "committed"
     read_replica: bool = False
+    #: A replica that must not be in the ISR now says why ("corrupt": its copy has damage
+    #: not yet healed; "disk_full": it cannot take appends); "" when it may be.
+    unfit: str = ""
 
     def __post_init__(self) -> None:
         check_stream(self.stream)
@@ -140,6 +144,8 @@ class FetchRequest(Request):
         check_bool("read_replica", self.read_replica)
         if self.read_replica and (self.replica_id >= 0 or self.isolation != "committed"):
             raise bad("read_replica", "is for consumers: committed reads without replica_id")
+        if self.unfit not in _UNFIT or (self.unfit and self.replica_id < 0):
+            raise bad("unfit", f"is a replica's, one of {list(_UNFIT)}, got {self.unfit!r}")
 
 
 @dataclass(frozen=True, slots=True)

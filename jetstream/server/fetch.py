@@ -26,6 +26,7 @@ Theory of operation: every read is answered from this broker's own roles
 from __future__ import annotations
 
 from jetstream.errors import FencedLeaderEpoch, ProtocolError, StorageError
+from jetstream.isr.leader import as_unfit
 from jetstream.protocol import messages as m
 from jetstream.server.api import FetchResult
 from jetstream.server.config import BrokerConfig
@@ -54,7 +55,8 @@ class Reads:
         wait_ms = min(request.max_wait_ms, self._config.fetch_wait_ms_max)
         if request.isolation == "uncommitted":
             piece = await leader.replica_fetch(request.replica_id, request.offset,
-                                               request.leader_epoch, max_bytes, wait_ms)
+                                               request.leader_epoch, max_bytes, wait_ms,
+                                               as_unfit(request.unfit))
         else:
             piece = await leader.read(request.offset, max_bytes, wait_ms)
         leader.metrics.fetched_bytes += piece.length

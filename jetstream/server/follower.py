@@ -39,6 +39,7 @@ from concurrent.futures import Executor
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import JetstreamError
 from jetstream.isr.follower import Done, TruncateFully, TruncateTo, epoch_to_ask, plan_truncation
+from jetstream.isr.leader import Unfit
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
@@ -89,6 +90,9 @@ class PartitionFollower:
         self._append_done: asyncio.Future[None] | None = None
         self._hw_changed = asyncio.Event()
         self._stopping = False
+        #: Why this replica must not be in the ISR now (jetstream.isr.leader.Unfit), told to
+        #: the leader with every fetch: "" when it may be.
+        self.unfit: Unfit = ""
 
     @property
     def name(self) -> str:
@@ -225,7 +229,7 @@ class PartitionFollower:
             self.stream.name, self.state.partition, self.log.log_end_offset,
             self._config.replica_fetch_bytes_max, self._config.replica_fetch_wait_ms,
             leader_epoch=self.state.leader_epoch, replica_id=self._config.broker_id,
-            isolation="uncommitted")
+            isolation="uncommitted", unfit=self.unfit)
         response, payload = await conn.fetch(request)
         self._answered()
         if payload:

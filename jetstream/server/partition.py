@@ -54,7 +54,13 @@ from jetstream.errors import (
     OffsetOutOfRange,
     RecordTooLarge,
 )
-from jetstream.isr.leader import AdvanceHighWatermark, Decision, LeaderState, ProposeIsr
+from jetstream.isr.leader import (
+    AdvanceHighWatermark,
+    Decision,
+    LeaderState,
+    ProposeIsr,
+    Unfit,
+)
 from jetstream.offsets.records import is_internal
 from jetstream.protocol import ack as ack_codec
 from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
@@ -532,8 +538,9 @@ class PartitionLeader:
                 await asyncio.wait_for(changed.wait(), remaining)
 
     async def replica_fetch(self, replica_id: int, offset: int, leader_epoch: int,
-                            max_bytes: int, max_wait_ms: int) -> FileSlice:
-        """A follower's fetch: it holds every offset below `offset`. Records up to the LEO.
+                            max_bytes: int, max_wait_ms: int, unfit: Unfit = "") -> FileSlice:
+        """A follower's fetch: it holds every offset below `offset`; `unfit`, why it must
+        not be in the ISR now (jetstream.isr.leader). Records up to the LEO.
         It also returns as soon as the HW moves, so that followers, which serve committed
         reads up to the HW they learn from these answers, learn it without waiting for the
         next records."""
@@ -545,7 +552,7 @@ class PartitionLeader:
         if offset > self.log.log_end_offset:
             raise OffsetOutOfRange(offset, self.log.log_start_offset, self.log.log_end_offset)
         try:
-            decisions = self.isr.on_follower_fetch(replica_id, offset, now_ms())
+            decisions = self.isr.on_follower_fetch(replica_id, offset, now_ms(), unfit)
         except ValueError as exc:
             raise OffsetOutOfRange(offset, self.log.log_start_offset,
                                    self.log.log_end_offset) from exc

@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from jetstream.isr.leader import (
+    UNFIT_REASONS,
     AdvanceHighWatermark,
     Decision,
     FollowerState,
     LeaderState,
     ProposeIsr,
+    as_unfit,
 )
 
 LEADER = 1
@@ -263,6 +265,33 @@ def test_a_refused_expansion_stops_counting_for_the_high_watermark() -> None:
     assert leader.on_follower_fetch(3, 10, 40) == [ProposeIsr((1, 2, 3), EPOCH, "expand")]
 
 
+@pytest.mark.parametrize("reason", ["corrupt", "disk_full"])
+def test_an_unfit_follower_leaves_the_isr_at_once_and_stays_out_while_unfit(
+        reason: str) -> None:
+    leader = make(isr=(1, 2, 3), epoch_start=0)
+    leader.on_follower_fetch(3, 10, 10)
+    # Caught up, yet it says it must not be in the ISR: removed without waiting for the lag.
+    assert proposals(leader.on_follower_fetch(2, 10, 20, as_unfit(reason))) == [
+        ProposeIsr((1, 3), EPOCH, "shrink")]
+    assert leader.follower_state(2).unfit == reason
+    assert proposals(leader.on_isr_committed((1, 3), EPOCH)) == []
+    # Caught up and fetching often, it is not added back while it says so ...
+    for now in (30, 40, 50):
+        assert proposals(leader.on_follower_fetch(2, 10, now, as_unfit(reason))) == []
+    assert proposals(leader.tick(60)) == []
+    # ... and is, once it says it is fit again.
+    assert leader.on_follower_fetch(2, 10, 70) == [ProposeIsr((1, 2, 3), EPOCH, "expand")]
+    assert leader.follower_state(2).unfit == ""
+
+
+def test_an_unknown_unfit_reason_is_refused() -> None:
+    leader = make(isr=(1, 2, 3))
+    with pytest.raises(ValueError):
+        leader.on_follower_fetch(2, 10, 10, "tired")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        as_unfit("tired")
+
+
 def test_a_change_from_elsewhere_leaves_our_proposal_in_flight() -> None:
     leader = make(isr=(1, 2), epoch_start=0)
     assert proposals(leader.on_follower_fetch(3, 5, 10)) == [
@@ -405,9 +434,10 @@ class LeaderMachine(RuleBasedStateMachine):
         replica = data.draw(st.sampled_from(self.replicas[1:]))
         offset = data.draw(st.one_of(st.just(self.leo),
                                      st.integers(self.true_leo[replica], self.leo)))
+        unfit = data.draw(st.sampled_from(UNFIT_REASONS))
         self.true_leo[replica] = offset
         self.now += dt
-        self.apply(self.state.on_follower_fetch(replica, offset, self.now))
+        self.apply(self.state.on_follower_fetch(replica, offset, self.now, unfit))
 
     @rule(dt=st.integers(0, 1_500))
     def tick(self, dt: int) -> None:

@@ -239,7 +239,7 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
     request = m.FetchRequest.from_header({**FETCH, "from_the_future": [1, 2]})
     assert request == m.FetchRequest("orders", 0, 10, 1024, 500, -1, -1, "committed")
     assert request.to_header() == {**FETCH, "leader_epoch": -1, "replica_id": -1,
-                                   "isolation": "committed", "read_replica": False}
+                                   "isolation": "committed", "read_replica": False, "unfit": ""}
     assert m.MetadataResponse.from_header({"brokers": [], "streams": []}).metadata_leader == -1
     # A peer from before current_leader_epoch leaves it out: unchecked.
     assert m.EndOffsetForEpochRequest.from_header(
@@ -254,6 +254,8 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
         (m.FetchResponse, {"stream": "s", "partition": 0, "high_watermark": 5,
                            "log_start_offset": 0, "log_end_offset": 4, "next_offset": 4,
                            "leader_epoch": 0}, "high_watermark"),
+        (m.FetchRequest, {**FETCH, "replica_id": 2, "unfit": "tired"}, "unfit"),
+        (m.FetchRequest, {**FETCH, "unfit": "corrupt"}, "unfit"),  # consumers are not replicas
         (m.MetadataRequest, {"streams": "orders"}, "streams"),
         (m.MetadataRequest, {"streams": ["ok", "not ok"]}, "streams[1]"),
         (m.MetadataResponse, {"brokers": [], "streams": [{"name": "s"}]}, "streams[0]"),
