@@ -75,9 +75,54 @@ class CorruptRecord(StorageError):
     """
 
     code = "CORRUPT_RECORD"
+    path: str
+    position: int
+    #: The damaged offsets [first_offset, end_offset) when known, else -1.
+    first_offset: int
+    end_offset: int
 
-    def __init__(self, message: str, *, path: str = "", position: int = -1) -> None:
-        super().__init__(message, path=path, position=position)
+    def __init__(self, message: str, *, path: str = "", position: int = -1,
+                 first_offset: int = -1, end_offset: int = -1) -> None:
+        super().__init__(message, path=path, position=position, first_offset=first_offset,
+                         end_offset=end_offset)
+
+
+class RangeRepairing(StorageError):
+    """The leader's copy of these offsets is damaged and no in-sync replica could supply a
+    checked copy just now (none reachable, or none in sync). Retry shortly: the leader keeps
+    trying, or hands its leadership to a replica with a healthy copy."""
+
+    code = "RANGE_REPAIRING"
+    retriable = True
+    first_offset: int
+    end_offset: int
+
+    def __init__(self, stream: str, partition: int, first_offset: int, end_offset: int,
+                 why: str = "") -> None:
+        super().__init__(
+            f"{stream}/{partition}: offsets [{first_offset}, {end_offset}) are damaged on "
+            f"the leader and being repaired{': ' + why if why else ''}; retry",
+            stream=stream, partition=partition, first_offset=first_offset,
+            end_offset=end_offset)
+
+
+class RangeLost(StorageError):
+    """Every replica's copy of these offsets is damaged: the records in
+    [first_offset, end_offset) cannot be read. Nothing is served in their place; read on
+    from `end_offset`. Operators see the range in `stream info` until it is gone (retention,
+    a deleted stream)."""
+
+    code = "RANGE_LOST"
+    first_offset: int
+    end_offset: int
+
+    def __init__(self, stream: str, partition: int, first_offset: int,
+                 end_offset: int) -> None:
+        super().__init__(
+            f"{stream}/{partition}: offsets [{first_offset}, {end_offset}) are damaged on "
+            f"every replica and lost; read on from {end_offset}",
+            stream=stream, partition=partition, first_offset=first_offset,
+            end_offset=end_offset)
 
 
 class RecordTooLarge(StorageError):

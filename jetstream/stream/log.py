@@ -47,12 +47,13 @@ from jetstream.errors import (
     StaleLeaderEpoch,
     StorageError,
 )
-from jetstream.stream import checkpoint, cleaning, retention
+from jetstream.stream import checkpoint, cleaning, repair, retention
 from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy, LogConfig
 from jetstream.stream.epoch import EpochEndOffset, LeaderEpochCache
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.handles import DEFAULT_POOL, HandlePool
+from jetstream.stream.log_integrity import LogIntegrity
 from jetstream.stream.recovery import (
     Recovery,
     RecoveryReport,
@@ -105,7 +106,7 @@ class SegmentSnapshot:
     segments: tuple[tuple[int, int], ...]
 
 
-class Log:
+class Log(LogIntegrity):
     def __init__(
         self,
         directory: Path | str,
@@ -134,6 +135,7 @@ class Log:
             raise StorageError(f"log {self.directory} is open in another process") from None
         try:
             self._segments = SegmentList()
+            self._damage = repair.DamageLedger()
             self.epochs = LeaderEpochCache(self.directory)
             self.recovery: RecoveryReport = Recovery(
                 self.directory, self.config, self._pool, self.epochs, self._segments).run()
@@ -380,12 +382,16 @@ class Log:
         return bound
 
     def read(self, offset: int, max_bytes: int, upper_bound: int | None = None, *,
-             skip_empty: bool = False) -> FileSlice:
+             skip_empty: bool = False, verify: bool = False) -> FileSlice:
         """Whole batches from the one holding `offset`, none reaching `upper_bound` (default:
         the LEO), about `max_bytes` in all but at least one batch. The first batch may start
         before `offset`: readers skip records below it. An empty slice means: nothing yet.
         `skip_empty` (consumers; never a replica, which must copy every batch to stay
-        contiguous) passes over batches compaction emptied to the next records."""
+        contiguous) passes over batches compaction emptied to the next records.
+
+        Bytes not checked since they were written or opened (or every byte, with `verify`)
+        are checked first (jetstream.stream.verified); damage raises CorruptRecord with the
+        damaged offsets and is recorded (`damage`)."""
         with self._lock:
             self._check_open()
             bound = self._check_range(offset, upper_bound)
@@ -404,7 +410,12 @@ class Log:
             if span.length == 0:
                 return FileSlice(-1, 0, 0, offset, offset)
             fd = self._pool.dup(segment.log_path)
-        return FileSlice(fd, span.position, span.length, span.first_offset, span.next_offset)
+            checked = not verify and segment.verified.covers(span.position,
+                                                             span.position + span.length)
+        piece = FileSlice(fd, span.position, span.length, span.first_offset, span.next_offset)
+        if not checked:
+            self._check_piece(segment, piece)
+        return piece
 
     def read_bytes(self, offset: int, max_bytes: int, upper_bound: int | None = None, *,
                    skip_empty: bool = False) -> tuple[bytes, int]:

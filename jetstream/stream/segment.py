@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from jetstream.stream.index import (
     read_file,
     write_file,
 )
+from jetstream.stream.verified import VerifiedRanges
 
 # Recovery reads the log in chunks of this size (a larger batch is read whole).
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
@@ -76,6 +78,35 @@ class Segment:
         self.offset_index = OffsetIndex()
         self.time_index = TimeIndex()
         self._bytes_since_entry = 0
+        #: Byte ranges checked since they were written or opened (jetstream.stream.verified).
+        self.verified = VerifiedRanges()
+
+    def pinned(self) -> AbstractContextManager[int]:
+        """An open descriptor of the log file, valid inside the block."""
+        return self._pool.pinned(self.log_path)
+
+    def shadow(self) -> Segment:
+        """A segment object for the same file that opens nothing: `account` batches into it
+        to learn the offsets and indexes those batches imply."""
+        return Segment(self.log_path.parent, self.base_offset, self._pool, self._interval)
+
+    def indexes_match(self, other: Segment) -> bool:
+        mine, theirs = self.offset_index, other.offset_index
+        my_times, their_times = self.time_index, other.time_index
+        return (mine.relative_offsets == theirs.relative_offsets
+                and mine.positions == theirs.positions
+                and my_times.relative_offsets == their_times.relative_offsets
+                and my_times.timestamps == their_times.timestamps
+                and self.next_offset == other.next_offset and self.size == other.size)
+
+    def adopt_indexes(self, other: Segment) -> None:
+        """Take the indexes and offsets `other` (a shadow that accounted every batch of this
+        file) holds: the file's own, in place of damaged ones."""
+        assert other.base_offset == self.base_offset and other.size == self.size
+        self.offset_index, self.time_index = other.offset_index, other.time_index
+        self.next_offset = other.next_offset
+        self.first_timestamp, self.max_timestamp = other.first_timestamp, other.max_timestamp
+        self._bytes_since_entry = other._bytes_since_entry
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -145,6 +176,7 @@ class Segment:
         """Scan the whole log checking every batch; cut the file after the last valid one and
         rebuild the indexes. Returns the number of bytes cut off."""
         self.size = 0
+        self.verified.clear()
         self.next_offset = self.base_offset
         self.first_timestamp = self.max_timestamp = -1
         self.offset_index, self.time_index = OffsetIndex(), TimeIndex()
@@ -170,7 +202,7 @@ class Segment:
                     buf_start, rel = position, 0
                 if not fmt.verify_crc(buf, rel, header):
                     break
-                self._account(position, header)
+                self.account(position, header)
                 position += header.size
             cut = file_size - position
             if cut:
@@ -200,11 +232,11 @@ class Segment:
                                    f"{exc.strerror}") from exc
                 raise
         for header in headers:
-            self._account(position, header)
+            self.account(position, header)
             position += header.size
         assert position == self.size
 
-    def _account(self, position: int, header: fmt.BatchHeader) -> None:
+    def account(self, position: int, header: fmt.BatchHeader) -> None:
         """Update size, offsets, timestamps and indexes for a batch now at `position`."""
         assert position == self.size and header.base_offset == self.next_offset
         if self.first_timestamp < 0:
@@ -217,6 +249,7 @@ class Segment:
                 self.time_index.append(ts, relative)
             self._bytes_since_entry = 0
         self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
+        self.verified.add(position, position + header.size)
         self.size += header.size
         self._bytes_since_entry += header.size
         self.next_offset = header.next_offset
@@ -261,6 +294,7 @@ class Segment:
             cut_batch = self.read_at(location.position, location.header.size)
         with self._pool.pinned(self.log_path) as fd:
             os.ftruncate(fd, location.position)
+        self.verified.discard(location.position)
         # Recompute the tail state from the remaining index entries.
         relative = location.header.base_offset - self.base_offset
         self.offset_index.truncate(relative)
