@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jetstream import cli_demo, cli_groups, cli_kv
+from jetstream import cli_demo, cli_groups, cli_kv, cli_scrub
 from jetstream.cli_text import (
     FROM_HELP,
     UsageError,
@@ -498,6 +498,9 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     cli_kv.add_arguments(
         leaf(commands, "get", cli_kv.get, "print a key's latest value (compacted streams)"),
         leaf(commands, "keys", cli_kv.keys, "list live keys (compacted streams)"))
+    cli_scrub.add_arguments(leaf(
+        commands, "scrub", cli_scrub.scrub,
+        "check every byte of a stream's replicas now, heal what can be, print what is left"))
     cli_demo.add_arguments(leaf(commands, "demo", cli_demo.demo, "create the demo streams "
                                 "(orders, customers, orders-enriched) and publish data for "
                                 "the Spark jobs in spark/jobs"))

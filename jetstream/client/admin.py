@@ -6,7 +6,7 @@ once it is applied. Each answer also corrects the client's metadata cache, so a 
 created here can be published to and read at once, and one deleted here is forgotten.
 `partition_status` is the exception: it asks the partition's leader, the only broker that
 knows its offsets, once and without retries (a status view should not wait out a
-failover).
+failover); and `scrub` asks every broker, each for its own replicas.
 
 `StreamAdmin` is one part of `Client` (client.py): it holds no state of its own and reaches
 the cluster through the client's router.
@@ -14,16 +14,21 @@ the cluster through the client's router.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 from jetstream.client.metadata import partition_of
 from jetstream.client.routing import Router
 from jetstream.client.types import BrokerInfo, PartitionInfo, StreamInfo
-from jetstream.errors import NotLeader, UnknownStream
+from jetstream.errors import JetstreamError, NotLeader, UnknownStream
 from jetstream.protocol import messages as m
 from jetstream.protocol.envelope import AckPolicy
+
+#: How long `scrub` waits for one broker's pass (it reads every byte of its replicas).
+SCRUB_TIMEOUT_S = 600.0
 
 
 class StreamAdmin:
@@ -144,6 +149,30 @@ class StreamAdmin:
         if found.log_end_offset is None:  # that broker does not lead it (any more)
             raise NotLeader(stream, partition, found.leader)
         return found
+
+    async def scrub(self, stream: str, partition: int = -1, *,
+                    timeout_s: float = SCRUB_TIMEOUT_S) -> list[dict[str, Any]]:
+        """Check every byte of every replica of `stream` (one `partition`, or -1 for all)
+        now, on each broker holding one, healing what can be: one entry per replica (its
+        broker, role, damage still found, repairs made, lost ranges). A broker that does
+        not answer within `timeout_s` gets an entry with its `error`."""
+        await self._router.load_stream(stream)  # UnknownStream before any broker is asked
+        brokers = sorted(self._router.metadata.brokers)
+
+        async def ask(broker_id: int) -> list[dict[str, Any]]:
+            try:
+                conn = await self._router.broker_connection(broker_id)
+                response = m.expect_response(
+                    await conn.request(m.ScrubRequest(stream, partition), timeout_s=timeout_s),
+                    m.ScrubResponse)
+            except (JetstreamError, OSError) as exc:
+                return [{"broker_id": broker_id, "error": str(exc)}]
+            return [{"broker_id": response.broker_id, **entry}
+                    for entry in response.partitions]
+
+        answers = await asyncio.gather(*(ask(b) for b in brokers))
+        return sorted((e for found in answers for e in found),
+                      key=lambda e: (e.get("partition", -1), e["broker_id"]))
 
 
 def _option(value: AckPolicy | str | None) -> str | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from typing import Any
+from typing import Any, TypeVar
 
 from jetstream.errors import BrokerUnavailable, FrameError, JetstreamError
 from jetstream.protocol import frames
@@ -44,6 +44,8 @@ def split_address(address: str) -> tuple[str, int]:
         raise ValueError(f"broker address must be host:port, got {address!r}")
     return host.strip("[]"), int(port)
 
+
+_R = TypeVar("_R", bound=m.Response)
 
 class BrokerConnection:
     """A pipelined connection to one broker. Use `await open()` before requests, `close()`
@@ -139,6 +141,13 @@ class BrokerConnection:
         base = self.request_timeout_s if timeout_s is None else timeout_s
         frame = await self._call(request, base + request.max_wait_ms / 1000)
         return m.expect_response(m.decode_response(frame), m.FetchResponse), frame.payload
+
+    async def with_payload(self, request: m.Request, response_type: type[_R]
+                           ) -> tuple[_R, bytes]:
+        """Send `request`, whose answer carries a payload (REPLICA_RANGE): the response and
+        the payload. Raises as `request` does."""
+        frame = await self._call(request, None)
+        return m.expect_response(m.decode_response(frame), response_type), frame.payload
 
     async def _call(self, request: m.Request, timeout_s: float | None) -> frames.Frame:
         timeout = self.request_timeout_s if timeout_s is None else timeout_s

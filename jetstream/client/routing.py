@@ -29,7 +29,13 @@ from typing import TypeVar
 from jetstream.client.connection import BrokerConnection
 from jetstream.client.metadata import ClusterMetadata, partition_of
 from jetstream.client.types import StreamInfo
-from jetstream.errors import BrokerUnavailable, JetstreamError, NotLeader, UnknownStream
+from jetstream.errors import (
+    BrokerUnavailable,
+    JetstreamError,
+    NotLeader,
+    RangeRepairing,
+    UnknownStream,
+)
 from jetstream.protocol import messages as m
 
 _T = TypeVar("_T")
@@ -147,13 +153,15 @@ class Router:
 
     async def with_leader(self, stream: str, partition: int,
                           call: Callable[[BrokerConnection], Awaitable[_T]]) -> _T:
-        """`call` on a connection to the partition's leader. After NOT_LEADER or a lost
-        connection: refresh the metadata, back off, retry (LEADER_ATTEMPTS_MAX in all)."""
+        """`call` on a connection to the partition's leader. After NOT_LEADER, a lost
+        connection or RANGE_REPAIRING (the leader heals damage, or hands its leadership to
+        a replica with a healthy copy): refresh the metadata, back off, retry
+        (LEADER_ATTEMPTS_MAX in all)."""
         delay = RETRY_BACKOFF_S
         for attempt in range(1, LEADER_ATTEMPTS_MAX + 1):
             try:
                 return await call(await self.leader_connection(stream, partition))
-            except (NotLeader, BrokerUnavailable):
+            except (NotLeader, BrokerUnavailable, RangeRepairing):
                 if attempt == LEADER_ATTEMPTS_MAX or self.closed:
                     raise
             await asyncio.sleep(delay)

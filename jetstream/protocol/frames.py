@@ -110,6 +110,8 @@ class Op(enum.IntEnum):
     RESET_OFFSETS = 19
     DELETE_GROUP = 20
     LIST_SEGMENTS = 21
+    REPLICA_RANGE = 22
+    SCRUB = 23
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -10,6 +10,7 @@ a module of its own, with the table of its ops' headers:
     offsets.py      COMMIT_OFFSET, FETCH_OFFSET, RESET_OFFSETS, DELETE_GROUP
     groups.py       FIND_COORDINATOR, GROUP_HEARTBEAT, LIST_GROUPS, DESCRIBE_GROUP
     kv.py           GET, KEYS
+    integrity.py    REPLICA_RANGE, SCRUB
 
 codec.py registers them by op and encodes and decodes frames of them; wire_errors.py carries
 errors (error frames, error acks) across. This module only re-exports their public names,
@@ -61,6 +62,12 @@ from jetstream.protocol.groups import (
     GroupHeartbeatResponse,
     ListGroupsRequest,
     ListGroupsResponse,
+)
+from jetstream.protocol.integrity import (
+    ReplicaRangeRequest,
+    ReplicaRangeResponse,
+    ScrubRequest,
+    ScrubResponse,
 )
 from jetstream.protocol.kv import GetRequest, GetResponse, KeysRequest, KeysResponse
 from jetstream.protocol.offsets import (
@@ -145,10 +152,14 @@ __all__ = [
     "MetadataResponse",
     "OffsetForTimestampRequest",
     "OffsetForTimestampResponse",
+    "ReplicaRangeRequest",
+    "ReplicaRangeResponse",
     "ReportLeaderFailureRequest",
     "Request",
     "ResetOffsetsRequest",
     "Response",
+    "ScrubRequest",
+    "ScrubResponse",
     "UpdateStreamRequest",
     "UpdateStreamResponse",
     "decode_request",

@@ -21,8 +21,8 @@ that cannot open one, or finds it shorter than listed, fetches that range instea
     FETCH                 stream, partition, offset, max_bytes, stream, partition,
                           max_wait_ms, leader_epoch=-1,         high_watermark,
                           replica_id=-1, isolation="committed", log_start_offset,
-                          read_replica=false                    log_end_offset, next_offset,
-                                                                leader_epoch (+ payload)
+                          read_replica=false, verify=false,     log_end_offset, next_offset,
+                          unfit=""                              leader_epoch (+ payload)
     OFFSET_FOR_TIMESTAMP  stream, partition, timestamp_ms       offset (-1: none)
     LIST_SEGMENTS         stream, partition                     stream, partition,
                                                                 high_watermark,
@@ -126,6 +126,9 @@ class FetchRequest(Request):
     replica_id: int = -1
     isolation: Isolation = "committed"
     read_replica: bool = False
+    #: Check every byte sent against its CRC, even bytes the broker counts as checked: a
+    #: reader asks for it after it met a CRC mismatch (damage since they were checked).
+    verify: bool = False
     #: A replica that must not be in the ISR now says why ("corrupt": its copy has damage
     #: not yet healed; "disk_full": it cannot take appends); "" when it may be.
     unfit: str = ""
@@ -144,6 +147,7 @@ class FetchRequest(Request):
         check_bool("read_replica", self.read_replica)
         if self.read_replica and (self.replica_id >= 0 or self.isolation != "committed"):
             raise bad("read_replica", "is for consumers: committed reads without replica_id")
+        check_bool("verify", self.verify)
         if self.unfit not in _UNFIT or (self.unfit and self.replica_id < 0):
             raise bad("unfit", f"is a replica's, one of {list(_UNFIT)}, got {self.unfit!r}")
 

@@ -35,6 +35,7 @@ from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.coordinator import Coordinators
 from jetstream.server.disk import DiskMonitor
+from jetstream.server.integrity import Integrity
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics, render
 from jetstream.server.nats_port import NatsPort
@@ -48,9 +49,11 @@ class Admin:
     def __init__(self, config: BrokerConfig, metadata: LocalMetadata | RaftMetadata,
                  cluster: Cluster | None, roles: Roles, metrics: BrokerMetrics,
                  nats_url: str, nats: NatsPort, cleaner: CleanerService, kv: KeyValue,
-                 coordinators: Coordinators, disk: DiskMonitor | None = None) -> None:
+                 coordinators: Coordinators, disk: DiskMonitor | None = None,
+                 integrity: Integrity | None = None) -> None:
         self._config = config
         self._disk = disk
+        self.integrity = integrity or Integrity(config, roles, None, None)
         self._metadata = metadata
         self._cluster = cluster
         self._roles = roles
@@ -136,6 +139,10 @@ class Admin:
                              log_end_offset=leader.log.log_end_offset,
                              replica_end_offsets=_replica_end_offsets(leader))
             partitions.append(entry)
+        held_here = {k for k, _s, _log, _hw in self._roles.replicas() if k[0] == name}
+        for entry in partitions:
+            if (name, entry["partition"]) in held_here:  # this broker's copy of it
+                entry["integrity"] = self.integrity.describe((name, entry["partition"]))
         if config.cleanup_policy.compacts:
             held = {k: (log_, hw) for k, _s, log_, hw in self._roles.replicas() if k[0] == name}
             for entry in partitions:
@@ -188,6 +195,7 @@ class Admin:
         rows = [(s, p, leader.metrics, leader.log.log_end_offset)
                 for (s, p), leader in sorted(leaders.items())]
         return (render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
+                + "\n".join(self.integrity.render_metrics()) + "\n"
                 + "\n".join(self._coordinators.render_metrics(high_watermarks)) + "\n")
 
     def group_partitions(self) -> list[tuple[str, int]]:
@@ -205,6 +213,12 @@ class Admin:
 
     async def on_list_streams(self, request: m.ListStreamsRequest) -> m.ListStreamsResponse:
         return m.ListStreamsResponse(self.describe_streams(internal=request.internal))
+
+    async def on_scrub(self, request: m.ScrubRequest) -> m.ScrubResponse:
+        if request.stream not in self._metadata.state.streams:
+            raise UnknownStream(request.stream)
+        return m.ScrubResponse(self._config.broker_id,
+                               await self.integrity.scrub_now(request.stream, request.partition))
 
     async def on_create_stream(self, request: m.CreateStreamRequest) -> m.EmptyResponse:
         await self.create_stream(self.stream_config(request.config))

@@ -10,8 +10,9 @@ broker wires them at start-up:
   without a handler is answered BAD_REQUEST (an operation this broker does not serve).
 - The HTTP API gets an object that satisfies `HttpServices`: exactly the calls its routes
   make, typed; the broker's stream admin (jetstream.server.admin) is that object.
-A handler answers a Response, or for a Fetch the response and the slice of the segment
-file its records are sent from (`FetchResult`), which the socket API sends with sendfile.
+A handler answers a Response, or for a Fetch (and a REPLICA_RANGE) the response and the slice
+of the segment file its records are sent from (`FetchResult`), which the socket API sends
+with sendfile.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from jetstream.stream.file_slice import FileSlice
 
 #: A Fetch's answer: the response, and the batches it carries as a slice of a segment file.
 FetchResult: TypeAlias = tuple[m.FetchResponse, FileSlice]
-Result: TypeAlias = m.Response | FetchResult
+#: Any answer with a payload of batches (a Fetch's, a REPLICA_RANGE's).
+PayloadResult: TypeAlias = tuple[m.Response, FileSlice]
+Result: TypeAlias = m.Response | FetchResult | PayloadResult
 Handler: TypeAlias = Callable[[m.Request], Awaitable[Result]]
 
 R = TypeVar("R", bound=m.Request)

@@ -52,6 +52,7 @@ from jetstream.server.epoch_fence import EpochFence
 from jetstream.server.fetch import Reads
 from jetstream.server.http_api import HttpServer
 from jetstream.server.http_groups import BrokerClient
+from jetstream.server.integrity import Integrity
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics
 from jetstream.server.nats_port import NatsPort, NatsPyNats, connect_nats
@@ -84,6 +85,7 @@ class Broker:
         self._cleaner: CleanerService | None = None
         self._kv: KeyValue | None = None
         self._coordinators: Coordinators | None = None
+        self._integrity: Integrity | None = None
         self._socket_api: SocketApi | None = None
         self._http: HttpServer | None = None
         self._broker_client: BrokerClient | None = None
@@ -129,6 +131,11 @@ class Broker:
         self._disk_task = asyncio.create_task(self._watch_disk(), name="disk")
         roles = self._roles = Roles(self.config, self.data_dir, metadata, self._cluster,
                                     nats_port, fence, self._executor, self._disk)
+        cluster = self._cluster
+        integrity = self._integrity = Integrity(
+            self.config, roles, cluster.address_of if cluster is not None else None,
+            cluster.hand_over_to if cluster is not None else None)
+        roles.read_around, roles.damage_found = integrity.read_around, integrity.found
         if self._cluster is not None:
             metadata.add_listener(self._on_metadata_change)  # before any await
         cleaner = self._cleaner = CleanerService(
@@ -143,7 +150,8 @@ class Broker:
         coordinators = self._coordinators = Coordinators(self.config, metadata, roles, kv,
                                                          offsets, self._executor)
         admin = Admin(self.config, metadata, self._cluster, roles, self.metrics,
-                      self.nats_url, nats_port, cleaner, kv, coordinators, self._disk)
+                      self.nats_url, nats_port, cleaner, kv, coordinators, self._disk,
+                      integrity)
         self._socket_api = SocketApi(self.config, self.metrics,
                                      self._dispatcher(admin, roles, kv, offsets, coordinators))
         await self._socket_api.start()
@@ -166,6 +174,7 @@ class Broker:
         cleaner.start()
         kv.start()
         coordinators.start()
+        await integrity.start()
         ready = json.dumps(self.describe_self()).encode()
         self._reserve.write(lambda: write_atomic(self.data_dir / READY_FILE, ready))
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
@@ -197,6 +206,8 @@ class Broker:
             on(m.OffsetForTimestampRequest, reads.offset_for_timestamp),
             on(m.ListSegmentsRequest, reads.list_segments),
             on(m.EndOffsetForEpochRequest, reads.end_offset_for_epoch),
+            on(m.ReplicaRangeRequest, admin.integrity.replica_range),
+            on(m.ScrubRequest, admin.on_scrub),
             on(m.MetadataRequest, admin.on_metadata),
             on(m.ListStreamsRequest, admin.on_list_streams),
             on(m.CreateStreamRequest, admin.on_create_stream),
@@ -262,6 +273,8 @@ class Broker:
             await self._broker_client.close()
         if self._coordinators is not None:
             await self._coordinators.stop()
+        if self._integrity is not None:
+            await self._integrity.stop()
         if self._cleaner is not None:
             await self._cleaner.stop()
         if self._kv is not None:

@@ -247,6 +247,23 @@ class Cluster:
             except JetstreamError as exc:
                 log.warning("hand-over of %s/%d failed: %s", stream, partition, exc)
 
+    async def hand_over_to(self, stream: str, partition: int,
+                           successors: tuple[int, ...]) -> None:
+        """Move the partition's leadership from this broker to the first of `successors`
+        that is in the ISR (a replica known to hold a healthy copy of damaged data)."""
+        state = self.metadata.state.partitions.get((stream, partition))
+        if state is None or state.leader != self.broker_id:
+            return
+        candidates = [r for r in successors if r in state.isr and r != self.broker_id]
+        if not candidates:
+            log.warning("%s/%d: no in-sync replica to hand over to", stream, partition)
+            return
+        try:
+            await self.metadata.propose(ChangeLeader(stream, partition, state.leader_epoch,
+                                                     candidates[0]))
+        except JetstreamError as exc:
+            log.warning("hand-over of %s/%d failed: %s", stream, partition, exc)
+
     def _successors(self, state: PartitionState) -> list[int]:
         """The partition's in-sync replicas other than this broker, in replica order: the
         brokers it may hand its leadership to."""

@@ -92,6 +92,11 @@ class BrokerConfig:
     #: broker keeps room to recover and delete; checked every `disk_check_ms`.
     disk_high_watermark_percent: int = 95
     disk_check_ms: int = 1_000
+    #: The scrubber re-reads every replica held here at this rate (checking each batch's CRC
+    #: and each segment's indexes), a first pass at start, then one every
+    #: `scrub_interval_ms`. 0: no background scrub (reads and `jetstream scrub` still check).
+    scrub_bytes_per_s: int = 4 * MiB
+    scrub_interval_ms: int = 6 * 3_600_000
     #: Most descriptors of segment files held open by this broker.
     open_files_max: int = 1024
     #: Every broker's metadata Raft address, "id@host:raftport,..." (this one's included).
@@ -139,6 +144,8 @@ class BrokerConfig:
         _range(self, "disk_reserve_bytes", 0, 1 << 30)
         _range(self, "disk_high_watermark_percent", 1, 100)
         _range(self, "disk_check_ms", 10, 60_000)
+        _range(self, "scrub_bytes_per_s", 0, 64 * 1024 * MiB)
+        _range(self, "scrub_interval_ms", 1_000, 30 * 24 * 3_600_000)
         _range(self, "cleaner_threads", 1, 64)
         _range(self, "cleaner_buffer_bytes", 64 * 1024, 64 * 1024 * MiB)
         _range(self, "cleaner_backoff_ms", 10, 86_400_000)

@@ -56,9 +56,11 @@ class Reads:
         if request.isolation == "uncommitted":
             piece = await leader.replica_fetch(request.replica_id, request.offset,
                                                request.leader_epoch, max_bytes, wait_ms,
-                                               as_unfit(request.unfit))
+                                               as_unfit(request.unfit),
+                                               verify=request.verify)
         else:
-            piece = await leader.read(request.offset, max_bytes, wait_ms)
+            piece = await leader.read(request.offset, max_bytes, wait_ms,
+                                      verify=request.verify)
         leader.metrics.fetched_bytes += piece.length
         response = m.FetchResponse(
             request.stream, request.partition, leader.high_watermark,
@@ -72,7 +74,7 @@ class Reads:
         follower knows, never anything later truncated."""
         max_bytes = min(request.max_bytes, self._config.fetch_bytes_max)
         wait_ms = min(request.max_wait_ms, self._config.fetch_wait_ms_max)
-        piece = await follower.read(request.offset, max_bytes, wait_ms)
+        piece = await follower.read(request.offset, max_bytes, wait_ms, verify=request.verify)
         log_ = follower.log
         response = m.FetchResponse(
             request.stream, request.partition, min(follower.high_watermark, log_.log_end_offset),

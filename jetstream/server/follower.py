@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import JetstreamError
+from jetstream.errors import CorruptRecord, InvalidBatch, JetstreamError
 from jetstream.isr.follower import Done, TruncateFully, TruncateTo, epoch_to_ask, plan_truncation
 from jetstream.isr.leader import Unfit
 from jetstream.protocol import messages as m
@@ -71,7 +71,8 @@ def _no_fence(state: PartitionState) -> None:
 class PartitionFollower:
     def __init__(self, stream: StreamConfig, state: PartitionState, log_: Log, *,
                  config: BrokerConfig, executor: Executor | None, address_of: AddressOf,
-                 report_failure: ReportFailure, fence: Fence = _no_fence) -> None:
+                 report_failure: ReportFailure, fence: Fence = _no_fence,
+                 damage_found: Callable[[tuple[str, int]], None] | None = None) -> None:
         self.stream = stream
         self.state = state
         self.log = log_
@@ -80,6 +81,7 @@ class PartitionFollower:
         self._address_of = address_of
         self._report_failure = report_failure
         self._fence = fence
+        self._damage_found = damage_found
         self.high_watermark = min(log_.read_high_watermark(), log_.log_end_offset)
         self._checkpointed_hw = self.high_watermark
         self._task: asyncio.Task[None] | None = None
@@ -91,8 +93,15 @@ class PartitionFollower:
         self._hw_changed = asyncio.Event()
         self._stopping = False
         #: Why this replica must not be in the ISR now (jetstream.isr.leader.Unfit), told to
-        #: the leader with every fetch: "" when it may be.
+        #: the leader with every fetch: "" when it may be. Damage in the log overrides it
+        #: ("corrupt") until healed: see `unfit_now`.
         self.unfit: Unfit = ""
+        #: Where to cut the log before the next fetch: damage that cannot be healed in place
+        #: (jetstream.server.integrity) is fetched again from the leader.
+        self._repair_truncation: int | None = None
+        #: The next fetch asks the leader to check every byte it sends (its last answer held
+        #: a batch that failed its CRC here).
+        self._verify_next = False
 
     @property
     def name(self) -> str:
@@ -223,19 +232,44 @@ class PartitionFollower:
 
     # -- fetching -------------------------------------------------------------------------------
 
+    def unfit_now(self) -> Unfit:
+        """What to tell the leader: "corrupt" while the log holds damage not yet healed."""
+        return "corrupt" if self.log.damage else self.unfit
+
+    def truncate_for_repair(self, offset: int) -> None:
+        """Cut the log at `offset` before the next fetch (damage from there on is fetched
+        again from the leader). The follower is out of the ISR meanwhile: it says "corrupt"
+        until the cut is made."""
+        if self._repair_truncation is None or offset < self._repair_truncation:
+            self._repair_truncation = offset
+
     async def _fetch_once(self, conn: BrokerConnection) -> None:
         self._fence(self.state)
+        if self._repair_truncation is not None:
+            offset, self._repair_truncation = self._repair_truncation, None
+            if offset < self.log.log_end_offset:
+                log.warning("%s: log cut at %d to fetch damaged batches again", self.name,
+                            offset)
+                self.log.truncate_to(max(offset, self.log.log_start_offset))
+                self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
         request = m.FetchRequest(
             self.stream.name, self.state.partition, self.log.log_end_offset,
             self._config.replica_fetch_bytes_max, self._config.replica_fetch_wait_ms,
             leader_epoch=self.state.leader_epoch, replica_id=self._config.broker_id,
-            isolation="uncommitted", unfit=self.unfit)
+            isolation="uncommitted", unfit=self.unfit_now(), verify=self._verify_next)
         response, payload = await conn.fetch(request)
         self._answered()
         if payload:
             self._append_done = asyncio.get_running_loop().run_in_executor(
                 self._executor, self._append, payload)
-            await asyncio.shield(self._append_done)
+            try:
+                await asyncio.shield(self._append_done)
+            except InvalidBatch:
+                # Damaged on the way or in the leader's files since it checked them: ask
+                # it to check what it sends (it then heals or serves around its damage).
+                self._verify_next = True
+                raise
+            self._verify_next = False
         hw = min(response.high_watermark, self.log.log_end_offset)
         if hw > self.high_watermark:
             self.high_watermark = hw
@@ -244,16 +278,25 @@ class PartitionFollower:
 
     # -- consumer reads ---------------------------------------------------------------------------
 
-    async def read(self, offset: int, max_bytes: int, max_wait_ms: int) -> FileSlice:
+    async def read(self, offset: int, max_bytes: int, max_wait_ms: int, *,
+                   verify: bool = False) -> FileSlice:
         """Batches from `offset`, never at or past this follower's HW, waiting up to
-        `max_wait_ms` for it to move when the reader is caught up."""
+        `max_wait_ms` for it to move when the reader is caught up. Damage met raises
+        CorruptRecord (and is healed in the background)."""
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             bound = self.high_watermark
             if bound < offset <= self.log.log_end_offset:
                 piece = FileSlice(-1, 0, 0, offset, offset)  # ahead of the HW: wait for it
             else:
-                piece = self.log.read(offset, max_bytes, upper_bound=bound, skip_empty=True)
+                try:
+                    piece = self.log.read(offset, max_bytes, upper_bound=bound,
+                                          skip_empty=True, verify=verify)
+                except CorruptRecord:
+                    # The reader falls back to the leader; this copy is healed meanwhile.
+                    if self._damage_found is not None:
+                        self._damage_found((self.stream.name, self.state.partition))
+                    raise
             remaining = deadline - time.monotonic()
             if piece.length or remaining <= 0 or self._stopping:
                 return piece

@@ -47,6 +47,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from jetstream.errors import (
+    CorruptRecord,
     FencedLeaderEpoch,
     JetstreamError,
     NotEnoughReplicas,
@@ -102,6 +103,12 @@ class Replication:
     propose_isr: Callable[[ProposeIsr], Awaitable[bool | None]]
 
 
+#: Heals or serves around damage a leader's read met (jetstream.server.integrity): None to
+#: read again, or a healthy copy to serve.
+ReadAround = Callable[[tuple[str, int], Log, CorruptRecord, int, int],
+                      Awaitable[FileSlice | None]]
+
+
 @dataclass(slots=True)
 class PendingBatch:
     """An appended batch waiting to become durable and then committed, with the acks (inbox,
@@ -127,9 +134,11 @@ class PartitionLeader:
         metrics: PartitionMetrics,
         replication: Replication | None = None,
         disk: DiskMonitor | None = None,
+        read_around: ReadAround | None = None,
     ) -> None:
         self.stream = stream
         self._disk = disk
+        self._read_around = read_around
         self.state = state
         self.log = log_
         self._nats = nats_port
@@ -516,10 +525,12 @@ class PartitionLeader:
     # -- reads --------------------------------------------------------------------------------
 
     async def read(self, offset: int, max_bytes: int, max_wait_ms: int,
-                   committed: bool = True, hw_seen: int | None = None) -> FileSlice:
+                   committed: bool = True, hw_seen: int | None = None, *,
+                   verify: bool = False) -> FileSlice:
         """Batches from `offset`, never at or past the HW (with `committed`), waiting up to
         `max_wait_ms` for data when the reader is caught up, or (with `hw_seen`) until the HW
-        passes `hw_seen`."""
+        passes `hw_seen`. Damage met on the way is healed or served around
+        (jetstream.server.integrity); `verify` checks even bytes counted as checked."""
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
             bound = self.high_watermark if committed else self.log.log_end_offset
@@ -527,8 +538,7 @@ class PartitionLeader:
                 piece = FileSlice(-1, 0, 0, offset, offset)  # ahead of the HW: wait for it
             else:
                 # Consumers pass over batches compaction emptied; a replica copies them.
-                piece = self.log.read(offset, max_bytes, upper_bound=bound,
-                                      skip_empty=committed)
+                piece = await self._read_log(offset, max_bytes, bound, committed, verify)
             remaining = deadline - time.monotonic()
             if piece.length or remaining <= 0 or self._stopping or (
                     hw_seen is not None and self.high_watermark > hw_seen):
@@ -537,8 +547,25 @@ class PartitionLeader:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
+    async def _read_log(self, offset: int, max_bytes: int, bound: int, skip_empty: bool,
+                        verify: bool) -> FileSlice:
+        try:
+            return self.log.read(offset, max_bytes, upper_bound=bound, skip_empty=skip_empty,
+                                 verify=verify)
+        except CorruptRecord as exc:
+            if self._read_around is None:
+                raise
+            served = await self._read_around((self.stream.name, self.state.partition),
+                                             self.log, exc, offset, bound)
+            if served is not None:
+                return served
+        # Healed: read again (damage found again raises).
+        return self.log.read(offset, max_bytes, upper_bound=bound, skip_empty=skip_empty,
+                             verify=verify)
+
     async def replica_fetch(self, replica_id: int, offset: int, leader_epoch: int,
-                            max_bytes: int, max_wait_ms: int, unfit: Unfit = "") -> FileSlice:
+                            max_bytes: int, max_wait_ms: int, unfit: Unfit = "", *,
+                            verify: bool = False) -> FileSlice:
         """A follower's fetch: it holds every offset below `offset`; `unfit`, why it must
         not be in the ISR now (jetstream.isr.leader). Records up to the LEO.
         It also returns as soon as the HW moves, so that followers, which serve committed
@@ -558,7 +585,8 @@ class PartitionLeader:
                                    self.log.log_end_offset) from exc
         hw_seen = self.high_watermark  # before this fetch moves it: the follower must learn it
         await self._apply(decisions)
-        return await self.read(offset, max_bytes, max_wait_ms, committed=False, hw_seen=hw_seen)
+        return await self.read(offset, max_bytes, max_wait_ms, committed=False, hw_seen=hw_seen,
+                               verify=verify)
 
     # -- housekeeping ----------------------------------------------------------------------------
 

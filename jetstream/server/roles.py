@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,7 +42,7 @@ from jetstream.server.epoch_fence import EpochFence, PartitionKey
 from jetstream.server.follower import PartitionFollower
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort
-from jetstream.server.partition import PartitionLeader, Replication
+from jetstream.server.partition import PartitionLeader, ReadAround, Replication
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
@@ -91,6 +91,10 @@ class Roles:
         self._log_versions: dict[PartitionKey, int] = {}
         self._lock = asyncio.Lock()
         self.enabled = False
+        #: Set by the broker (jetstream.server.integrity): what leaders do about damage a
+        #: read meets, and whom followers tell of damage their reads found.
+        self.read_around: ReadAround | None = None
+        self.damage_found: Callable[[PartitionKey], None] | None = None
 
     async def enable(self) -> None:
         """Take roles from now on, and reconcile."""
@@ -170,6 +174,16 @@ class Roles:
             role = self.leaders.get(key) or self.followers.get(key)
             if stream is not None and role is not None:
                 yield key, stream, log_, role.high_watermark
+
+    def log_of(self, key: PartitionKey) -> Log | None:
+        """The open log of a replica held here with a role, else None."""
+        if key in self.leaders or key in self.followers:
+            return self._logs.get(key)
+        return None
+
+    def partition_state(self, key: PartitionKey) -> PartitionState | None:
+        """The partition's state as the metadata holds it now."""
+        return self._metadata.state.partitions.get(key)
 
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
         """This broker's leader of the partition, else UnknownStream, UnknownPartition or
@@ -268,7 +282,7 @@ class Roles:
     async def _start_leader(self, stream: StreamConfig, partition: PartitionState) -> None:
         leader = PartitionLeader(stream, partition, self._open_log(stream, partition),
                                  self._nats, self._config, self._executor, PartitionMetrics(),
-                                 self._replication(partition), self._disk)
+                                 self._replication(partition), self._disk, self.read_around)
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
         self.leaders[(stream.name, partition.partition)] = leader
@@ -303,7 +317,8 @@ class Roles:
         follower = PartitionFollower(
             stream, partition, self._open_log(stream, partition), config=self._config,
             executor=self._executor, address_of=self._cluster.address_of,
-            report_failure=self._cluster.report_leader_failure, fence=self.fence.check)
+            report_failure=self._cluster.report_leader_failure, fence=self.fence.check,
+            damage_found=self.damage_found)
         await follower.start()
         self.followers[(stream.name, partition.partition)] = follower
         log.info("following broker %d for %s/%d at epoch %d", partition.leader, stream.name,

@@ -4,6 +4,7 @@ bounds it, a healthy copy is written over it in place, damaged index files are r
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_verified_ranges_match_a_set_of_bytes(ops: list[tuple[bool, int, int]]) 
             model -= set(range(start, start + length))
         pairs = ranges.ranges
         assert all(s < e for s, e in pairs)
-        assert all(e1 < s2 for (_s1, e1), (s2, _e2) in zip(pairs, pairs[1:], strict=False))
+        assert all(e1 < s2 for (_s1, e1), (s2, _e2) in itertools.pairwise(pairs))
         assert {b for s, e in pairs for b in range(s, e)} == model
     for start in range(0, 260, 7):
         for end in range(start, 270, 11):

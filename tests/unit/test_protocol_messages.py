@@ -239,7 +239,8 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
     request = m.FetchRequest.from_header({**FETCH, "from_the_future": [1, 2]})
     assert request == m.FetchRequest("orders", 0, 10, 1024, 500, -1, -1, "committed")
     assert request.to_header() == {**FETCH, "leader_epoch": -1, "replica_id": -1,
-                                   "isolation": "committed", "read_replica": False, "unfit": ""}
+                                   "isolation": "committed", "read_replica": False,
+                                   "verify": False, "unfit": ""}
     assert m.MetadataResponse.from_header({"brokers": [], "streams": []}).metadata_leader == -1
     # A peer from before current_leader_epoch leaves it out: unchecked.
     assert m.EndOffsetForEpochRequest.from_header(
