@@ -342,11 +342,11 @@ class Integrity:
     async def read_around(self, key: PartitionKey, log_: Log, exc: CorruptRecord,
                           offset: int, bound: int) -> FileSlice | None:
         """A leader's read at `offset` met damage (`exc`): heal it, then None (read again),
-        or a healthy copy to serve (a slice of an in-memory file). Raises RangeLost,
-        RangeRepairing, or `exc` when the damage cannot be located."""
+        or a healthy copy to serve (a slice of an in-memory file). Raises RangeLost or
+        RangeRepairing."""
         damage = await self._damage_at(log_, exc, offset)
         if damage is None:
-            raise exc
+            return None  # the check passed (damaged indexes are rebuilt by it): read again
         self.totals.damage_found += 1
         record = self._records.get(key)
         if record is not None and time.monotonic() - record.lost_checked_s < LOST_RETRY_S:

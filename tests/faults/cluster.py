@@ -14,6 +14,7 @@ for the checker (tests/faults/checker.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -48,7 +49,9 @@ POLL_S = 0.1
 HTTP_TIMEOUT_S = 2.0
 #: Short timeouts so that failover and ISR changes happen within a fault's window.
 TUNING = ("--replica-lag-ms-max", "2000", "--replica-leader-timeout-ms", "1000",
-          "--broker-timeout-ms", "2000", "--checkpoint-interval-ms", "200", "-v")
+          "--broker-timeout-ms", "2000", "--checkpoint-interval-ms", "200",
+          # The scrubber passes every 2 s: damage a fault leaves is found during the run.
+          "--scrub-bytes-per-s", str(32 << 20), "--scrub-interval-ms", "2000", "-v")
 HEALTHY_TIMEOUT_S = 60.0
 WORKLOAD_STOP_TIMEOUT_S = 30.0
 #: `__offsets` partitions in the fault cluster (fewer than the default: quicker to create).
@@ -94,6 +97,8 @@ class FaultCluster:
         self._history_read = 0
         self._acks = 0
         self._http = httpx.Client(timeout=HTTP_TIMEOUT_S)
+        #: The bit flips made (tests/faults/faults.py's bitflip), for the report.
+        self.flips: list[str] = []
 
     # -- start and stop --------------------------------------------------------------------------
 
@@ -331,6 +336,54 @@ class FaultCluster:
             with open(segments[-1], "ab") as f:
                 f.write(garbage)
 
+    def flip_bits(self, b: int, partition: int, kind: str) -> str:
+        """Flip 1-5 bits of broker `b`'s replica of `partition`, at random: in a record
+        batch of a sealed segment (`sealed`), of the active segment below what every replica
+        already holds (`active`), or in an offset index file (`index`, which matters when the
+        file is next loaded: the broker is restarted). What was flipped, for the log."""
+        directory = self.brokers[b].data_dir / "logs" / f"{STREAM}-{partition}"
+        logs = sorted(directory.glob("*.log"))
+        if kind == "index":
+            files = [p for p in sorted(directory.glob("*.index")) if p.stat().st_size >= 16]
+            if not files:
+                return "no index file yet"
+            path = self.rng.choice(files)
+            position = self.rng.randrange(path.stat().st_size)
+        else:
+            large = [p for p in logs if p.stat().st_size > 4096]
+            sealed = [p for p in large if p != logs[-1]]
+            candidates = (sealed if kind == "sealed" else []) or [p for p in large
+                                                                   if p == logs[-1]]
+            if not candidates:
+                return "no segment large enough yet"
+            path = self.rng.choice(candidates)
+            # Well below the end: bytes every replica has fetched (and the HW passed).
+            position = self.rng.randrange(path.stat().st_size // 2)
+        with open(path, "r+b") as f:
+            for _ in range(self.rng.randrange(1, 6)):
+                at = min(position + self.rng.randrange(16), path.stat().st_size - 1)
+                f.seek(at)
+                byte = f.read(1)[0]
+                f.seek(at)
+                f.write(bytes([byte ^ (1 << self.rng.randrange(8))]))
+        self.flips.append(f"broker {b}: {path.name} at {position}")
+        return self.flips[-1]
+
+    def scrub_everywhere(self) -> None:
+        """Have every broker check every byte of its replicas now and heal them; wait until
+        no replica reports damage (a lost range fails the wait: nothing may be lost with one
+        damaged replica at a time)."""
+        from jetstream.client import connect
+
+        async def clean() -> bool:
+            async with connect(",".join(b.address for b in self.brokers)) as js:
+                found = await js.scrub(STREAM)
+            return all(not e.get("damage") and not e.get("lost") and "error" not in e
+                       for e in found)
+
+        self.wait(lambda: True if asyncio.run(clean()) else None,
+                  "every replica scrubbed clean")
+
     # -- the end ---------------------------------------------------------------------------------
 
     def finish(self) -> dict[int, list[Replica]]:
@@ -360,6 +413,7 @@ class FaultCluster:
             final = self.wait(caught_up, f"every replica of partition {p} caught up")
             assert final.high_watermark is not None
             hws[p] = final.high_watermark
+        self.scrub_everywhere()
         for broker in self.brokers:
             broker.stop(signal.SIGKILL)  # the files stay in the page cache: nothing is lost
         replicas: dict[int, list[Replica]] = {}

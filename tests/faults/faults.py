@@ -203,6 +203,24 @@ def slow_links(c: FaultCluster) -> list[float]:
     return []
 
 
+def bitflip(c: FaultCluster) -> list[float]:
+    """Flip bits in one broker's stored data (a minority of the replicas) while the cluster
+    runs: in a sealed segment, in the active one, or in an index file (then restart that
+    broker so the file is loaded). The damage must be found, healed or served around: the
+    checker finds no wrong record read and every replica whole at the end."""
+    target = c.rng.randrange(BROKERS)
+    kind = c.rng.choice(["sealed", "active", "index"])
+    partition = c.rng.randrange(c.partitions)
+    if kind == "index":
+        c.brokers[target].stop()  # SIGTERM: index files are written when segments seal
+        c.flip_bits(target, partition, kind)
+        c.restart(target)
+    else:
+        c.flip_bits(target, partition, kind)
+    hold(c.rng.uniform(1.0, 3.0))
+    return []
+
+
 ALL: dict[str, Fault] = {
     "kill_leader": kill_leader,
     "kill_follower": kill_follower,
@@ -215,6 +233,7 @@ ALL: dict[str, Fault] = {
     "power_loss": power_loss,
     "rolling_restart": rolling_restart,
     "slow_links": slow_links,
+    "bitflip": bitflip,
 }
 
 #: Faults for a consumer group's scenario only (run_mix takes them by name too).

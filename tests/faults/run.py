@@ -83,7 +83,7 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
         fault_cycles=sum(done.values()), faults=dict(sorted(done.items())), seed=seed,
         fsync=fsync.value, partitions=partitions, seconds=round(load_seconds, 1),
         acked_per_s=round(report.acked / load_seconds, 1) if load_seconds else 0.0,
-        compacted_keys=compacted_keys,
+        compacted_keys=compacted_keys, bit_flips=len(cluster.flips),
         stuck=stuck)
     return result
 

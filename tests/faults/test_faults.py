@@ -43,6 +43,9 @@ def test_fault(tmp_path: Path, fault: str) -> None:
                      faults=[fault])
     assert_safe(result)
     assert result["fault_cycles"] == cycles
+    if fault == "bitflip":
+        assert result["bit_flips"] >= 1, result  # damage was made, and healed: the
+        # checker read every replica's every batch, CRC-checked, and found them whole
     if fault in LEADER_FAULTS:
         assert len(result["failover_s"]) >= LEADER_FAULTS[fault], result["failover_s"]
         assert result["failover_max_s"] < FAILOVER_S_MAX, result["failover_s"]
