@@ -51,7 +51,8 @@ BROKERS_ENV = "JETSTREAM_BROKERS"
 ACK_TIMEOUT_S = 5.0
 #: Messages `pub --count` keeps un-acked at once.
 PUBLISH_WINDOW = 1000
-#: How long `cluster status` waits for each broker to describe its own NATS connection.
+#: How long `cluster status` waits for each broker to describe its own NATS connection
+#: and data disk.
 SELF_REPORT_TIMEOUT_S = 2.0
 #: A progress display is redrawn at most this often.
 PROGRESS_REDRAW_S = 0.2
@@ -139,6 +140,14 @@ def stream_text(info: StreamInfo) -> str:
 
 def _ids(ids: Sequence[int]) -> str:
     return ",".join(map(str, ids))
+
+
+def _percent(value: float | None) -> str | None:
+    return None if value is None else f"{value:.1f}%"
+
+
+def _yes_no(value: bool | None) -> str | None:
+    return None if value is None else ("yes" if value else "no")
 
 
 async def stream_create(js: Client, args: argparse.Namespace) -> int:
@@ -242,12 +251,14 @@ async def cluster_status(js: Client, args: argparse.Namespace) -> int:
 
     streams = await js.list_streams()
     await js.refresh_metadata()  # brokers and the metadata leader
-    # Each broker is asked for its own NATS connection, as a partition's leader is for its
-    # offsets below; one that does not answer shows "-" (null).
+    # Each broker is asked for its own NATS connection and data disk, as a partition's leader
+    # is for its offsets below; one that does not answer shows "-" (null).
     own = await asyncio.gather(*(_own_entry(b.address, b.id) for b in js.brokers))
     brokers = [{**asdict(b), "address": b.address,
                 "nats_url": entry.get("nats_url") or b.nats_url or None,
-                "nats_state": entry.get("nats_state")}
+                "nats_state": entry.get("nats_state"),
+                "disk_used_percent": entry.get("disk_used_percent"),
+                "disk_full": entry.get("disk_full")}
                for b, entry in zip(js.brokers, own, strict=True)]
     partitions = []
     for stream in streams:
@@ -264,9 +275,9 @@ async def cluster_status(js: Client, args: argparse.Namespace) -> int:
         f"metadata leader: {'unknown' if leader is None else f'broker {leader}'}",
         "",
         f"brokers ({len(brokers)})",
-        table(["ID", "ADDRESS", "HTTP", "NATS", "NATS STATE"],
-              [(b["id"], b["address"], b["http_port"] or None, b["nats_url"], b["nats_state"])
-               for b in brokers]),
+        table(["ID", "ADDRESS", "HTTP", "NATS", "NATS STATE", "DISK USED", "DISK FULL"],
+              [(b["id"], b["address"], b["http_port"] or None, b["nats_url"], b["nats_state"],
+                _percent(b["disk_used_percent"]), _yes_no(b["disk_full"])) for b in brokers]),
         "", f"partitions ({len(partitions)})",
         table(["STREAM", "PARTITION", "LEADER", "EPOCH", "ISR", "REPLICAS", "HW", "LEO"],
               [(p["stream"], p["partition"], p["leader"], p["leader_epoch"], _ids(p["isr"]),
@@ -538,6 +549,7 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
 
     cluster = commands.add_parser("cluster", help="cluster state")
     leaf(cluster.add_subparsers(dest="cluster_command", required=True), "status",
-         cluster_status, "brokers (with each one's NATS URL and connection state), the "
-                         "metadata leader, and each partition's leader, ISR, epoch, HW and "
-                         "LEO (--json: each replica's LEO too)")
+         cluster_status, "brokers (with each one's NATS URL and connection state, and "
+                         "its data disk's use and whether it is full), the metadata leader, "
+                         "and each partition's leader, ISR, epoch, HW and LEO (--json: each "
+                         "replica's LEO too)")

@@ -4,11 +4,27 @@ Its `win_inet_pton` module (imported by its TCP transport) replaces `socket.inet
 Windows-only implementation on every OS, which breaks `inet_ntop` for the whole process. The
 real one is put back right after the import; everything else is re-exported unchanged.
 
+Its journal is a file that grows by doubling and is written through mmap. Growing it only
+sets the file's size, so a write to a new page on a full disk kills the process (SIGBUS: the
+filesystem cannot give the page a block). `AllocatedFile` replaces it: blocks are allocated
+(posix_fallocate) before the pages are written, so running out of room is an OSError
+(ENOSPC), and the writes that follow land in blocks the file already holds. When it runs out,
+the room maker registered for the journal's directory (`make_room_for`: the broker releases
+its disk reserve) frees some and the allocation is tried once more; the journal's small
+meta file (commit index, term, vote) is written the same way. A broker on a full disk thus
+still takes the metadata entries that let it free space (deleting a stream).
+
 `RoutedNode` is a partner known by its own Raft address (its identity, which it announces when
 it connects) but dialled at another address: a relay or proxy in between.
 """
 
+import errno
+import logging
+import mmap
+import os
 import socket
+from collections.abc import Callable
+from typing import Any
 
 _inet_ntop = socket.inet_ntop
 from pysyncobj import (  # noqa: E402
@@ -19,9 +35,100 @@ from pysyncobj import (  # noqa: E402
     SyncObjConsumer,
     replicated,
 )
+from pysyncobj import journal as _journal  # noqa: E402
 from pysyncobj.node import TCPNode  # noqa: E402
 
 socket.inet_ntop = _inet_ntop
+
+log = logging.getLogger(__name__)
+#: What a write that ran out of room fails with (as jetstream.stream.checkpoint's).
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+#: Per journal directory: frees room on its disk; whether it freed any.
+_ROOM_MAKERS: dict[str, Callable[[], bool]] = {}
+
+
+def make_room_for(directory: str, make_room: Callable[[], bool] | None) -> None:
+    """Call `make_room` when the journal in `directory` runs out of room (None: forget)."""
+    key = os.path.abspath(directory)
+    if make_room is None:
+        _ROOM_MAKERS.pop(key, None)
+    else:
+        _ROOM_MAKERS[key] = make_room
+
+
+def _with_room(path: str, write: Callable[[], None]) -> None:
+    """`write()`, and once more after the room maker of `path`'s directory freed room, if it
+    ran out."""
+    try:
+        write()
+    except OSError as exc:
+        make_room = _ROOM_MAKERS.get(os.path.dirname(os.path.abspath(path)))
+        if exc.errno not in _NO_ROOM or make_room is None or not make_room():
+            raise
+        log.warning("metadata journal %s: no room (%s): room freed, trying again", path,
+                    exc.strerror)
+        write()
+
+
+class AllocatedFile:
+    """pysyncobj's ResizableFile (same interface) with its blocks allocated before they are
+    written through the mmap (see the module docstring)."""
+
+    def __init__(self, fileName: str, initialSize: int = 1024, resizeFactor: float = 2.0,
+                 defaultContent: bytes | None = None) -> None:
+        self._path = fileName
+        self._factor = resizeFactor
+        if not os.path.exists(fileName):
+            with open(fileName, "wb") as f:
+                if defaultContent is not None:
+                    f.write(defaultContent)
+        self._file = open(fileName, "r+b")  # noqa: SIM115 (held until _destroy)
+        size = max(os.fstat(self._file.fileno()).st_size, initialSize)
+        try:  # a file an older version left sparse gets its blocks too, if there is room
+            self._allocate(size)
+        except OSError as exc:
+            if exc.errno not in _NO_ROOM:
+                raise
+            log.warning("metadata journal %s: no room to allocate it whole: %s", fileName,
+                        exc.strerror)
+            self._file.truncate(size)
+        self._mm = mmap.mmap(self._file.fileno(), 0)
+
+    def _allocate(self, size: int) -> None:
+        fd = self._file.fileno()
+        _with_room(self._path, lambda: os.posix_fallocate(fd, 0, size))
+
+    def write(self, offset: int, values: bytes) -> None:
+        end = offset + len(values)
+        if end > self._mm.size():
+            size = max(int(self._mm.size() * self._factor), end)
+            self._allocate(size)  # raises, with nothing written, when there is no room
+            self._mm.close()
+            self._mm = mmap.mmap(self._file.fileno(), 0)
+        self._mm[offset:end] = values
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self._mm[offset:offset + size]
+
+    def flush(self) -> None:
+        self._mm.flush()
+
+    def _destroy(self) -> None:
+        self._mm.flush()
+        self._mm.close()
+        self._file.close()
+
+
+class _MetaStorer(_journal.MetaStorer):
+    """The journal's meta file, stored with room made for it when there is none."""
+
+    def storeMeta(self, meta: Any) -> None:
+        _with_room(self.getPath(), lambda: super(_MetaStorer, self).storeMeta(meta))
+
+
+# FileJournal looks both names up in its module each time it opens a journal.
+_journal.ResizableFile = AllocatedFile  # type: ignore[misc, assignment]
+_journal.MetaStorer = _MetaStorer  # type: ignore[misc]
 
 
 
@@ -43,5 +150,5 @@ class RoutedNode(TCPNode):
         return self._dial_port
 
 
-__all__ = ["FAIL_REASON", "HAS_CRYPTO", "RoutedNode", "SyncObj", "SyncObjConf",
-           "SyncObjConsumer", "replicated"]
+__all__ = ["FAIL_REASON", "HAS_CRYPTO", "AllocatedFile", "RoutedNode", "SyncObj",
+           "SyncObjConf", "SyncObjConsumer", "make_room_for", "replicated"]

@@ -48,7 +48,11 @@ What is persisted, and what is not:
   (`raft.journal.meta`) is rewritten at most once a second; current term and vote are written
   before votes go out, but not fsynced either. Raft's safety argument assumes these are on
   stable storage: on a machine that can lose power, it holds only as long as a majority of
-  brokers does not lose its tail at once.
+  brokers does not lose its tail at once. Its blocks are allocated before they are written
+  (jetstream.raft_meta._pysyncobj), so a full disk fails a write instead of killing the
+  process; with `reserve`, the journal and its meta file then grow into the disk reserve's
+  room (released for them), so a broker on a full disk still applies the deletion that
+  frees it.
 - The full dump (`raft.dump`, pysyncobj's snapshot) is written every `snapshot_entries_min`
   entries or `snapshot_interval_ms`, whichever comes first, and on `request_snapshot()`; the
   journal is then cut to the entries after it. It holds `MetadataState.to_dict()` and the
@@ -96,6 +100,7 @@ from jetstream.raft_meta._pysyncobj import (
     SyncObj,
     SyncObjConf,
     SyncObjConsumer,
+    make_room_for,
     replicated,
 )
 from jetstream.raft_meta.fsm import (
@@ -109,6 +114,7 @@ from jetstream.raft_meta.fsm import (
     UpdateStream,
 )
 from jetstream.raft_meta.model import BrokerInfo, StreamConfig
+from jetstream.stream.reserve import DiskReserve
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +351,8 @@ class RaftMetadata:
                  broker_id: int, broker_ids: Mapping[str, int] | None = None,
                  password: str | None = None, loop: asyncio.AbstractEventLoop | None = None,
                  settings: RaftSettings | None = None,
-                 routes: Mapping[str, str] | None = None) -> None:
+                 routes: Mapping[str, str] | None = None,
+                 reserve: DiskReserve | None = None) -> None:
         if password is not None and not password:
             raise InvalidConfig("the metadata password must not be empty", field="password")
         if password is not None and not HAS_CRYPTO:
@@ -363,6 +370,8 @@ class RaftMetadata:
         self._ready = asyncio.Event()
         self._closed = False
         directory.mkdir(parents=True, exist_ok=True)
+        # On a full disk the journal grows into the reserve's room (see _pysyncobj).
+        make_room_for(str(directory), None if reserve is None else reserve.release)
         self._fsm = _ReplicatedMetadata(self._applied, self._restored)
         s = self.settings
         conf = SyncObjConf(
@@ -394,6 +403,7 @@ class RaftMetadata:
             self._sync.waitBinded()
         except Exception:
             self._sync._doDestroy()  # its thread is gone: release the journal and sockets
+            make_room_for(str(directory), None)
             raise OSError(errno.EADDRINUSE,
                           f"cannot listen on the metadata Raft address {self_address}") from None
 
@@ -523,6 +533,7 @@ class RaftMetadata:
             if not future.done():
                 future.set_result(MetadataUnavailable("closed"))
         await asyncio.to_thread(self._sync.destroy_synchronous)
+        make_room_for(str(self.directory), None)
 
     # -- plumbing between the two threads ---------------------------------------------------
 

@@ -161,10 +161,13 @@ class Admin:
         return [self.describe_stream(n) for n in wanted]
 
     def brokers(self) -> list[dict[str, Any]]:
-        """Every registered broker; this one's entry adds its NATS URL and connection state
-        (only a broker knows its own)."""
+        """Every registered broker; this one's entry adds its NATS URL and connection state,
+        and its data disk's use and whether it is full (only a broker knows its own)."""
         me = self._config.broker_id
-        own = {"nats_url": self._nats_url, "nats_state": self._nats.state}
+        own: dict[str, Any] = {"nats_url": self._nats_url, "nats_state": self._nats.state}
+        if self._disk is not None:
+            own.update(disk_used_percent=round(self._disk.used_percent, 1),
+                       disk_full=self._disk.full)
         return [{"id": b.id, "host": b.host, "port": b.port, "http_port": b.http_port,
                  **(own if b.id == me else {})}
                 for b in sorted(self._metadata.state.brokers.values(), key=lambda b: b.id)]
@@ -194,9 +197,11 @@ class Admin:
             leader.metrics.dropped = leader.dropped
         rows = [(s, p, leader.metrics, leader.log.log_end_offset)
                 for (s, p), leader in sorted(leaders.items())]
+        disk = self._disk.render_metrics() if self._disk is not None else []
         return (render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
                 + "\n".join(self.integrity.render_metrics()) + "\n"
-                + "\n".join(self._coordinators.render_metrics(high_watermarks)) + "\n")
+                + "\n".join(self._coordinators.render_metrics(high_watermarks)) + "\n"
+                + "".join(line + "\n" for line in disk))
 
     def group_partitions(self) -> list[tuple[str, int]]:
         return self._coordinators.partitions()

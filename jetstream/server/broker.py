@@ -123,7 +123,7 @@ class Broker:
         fence = EpochFence(self.data_dir, self._executor)
         nats_port = self._nats = await self._connect_nats()
         if self.config.cluster_members:
-            self._cluster = Cluster(self.config, self.data_dir / "meta")
+            self._cluster = Cluster(self.config, self.data_dir / "meta", self._reserve)
             metadata: LocalMetadata | RaftMetadata = self._cluster.metadata
         else:
             metadata = LocalMetadata(self.data_dir / "meta", self._reserve)
@@ -181,7 +181,8 @@ class Broker:
 
     async def _watch_disk(self) -> None:
         """Refresh the disk's fill level every disk_check_ms; take the reserve back once
-        the disk has room again."""
+        the disk has room again. In a cluster, a full disk hands this broker's leaderships
+        to in-sync followers with room."""
         was_full = self._disk.full
         while True:
             await asyncio.sleep(self.config.disk_check_ms / 1000)
@@ -195,6 +196,10 @@ class Broker:
                 log.warning("data disk %s: %s", self.data_dir, self._disk.describe())
             if not self._disk.full and not self._reserve.held:
                 await asyncio.to_thread(self._reserve.ensure)
+            roles = self._roles
+            if self._disk.full and self._cluster is not None and roles is not None \
+                    and roles.enabled:
+                self._cluster.hand_over_from_full_disk(roles.led())
 
     def _dispatcher(self, admin: Admin, roles: Roles, kv: KeyValue, offsets: OffsetsStream,
                     groups: Coordinators) -> Dispatcher:

@@ -17,6 +17,10 @@ seen get a grace period of `broker_timeout_ms`).
 
 Graceful stop: each partition this broker leads is handed to its first in-sync follower in
 replica order (ChangeLeader), waited for, before the broker leaves.
+
+A full disk: at each of the broker's disk checks, while its data disk is above the high
+watermark, each partition it leads is handed to an in-sync follower that has room, once per
+leader epoch (jetstream.isr.disk_full decides; the proposals run in the background).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import JetstreamError, MetadataUnavailable
+from jetstream.isr.disk_full import FullDiskHandOver, LedPartition, successors
 from jetstream.isr.leader import ProposeIsr
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.controller import FailoverController
@@ -37,6 +42,7 @@ from jetstream.raft_meta.fsm import ChangeIsr, ChangeLeader, RegisterBroker, Sta
 from jetstream.raft_meta.model import BrokerInfo, PartitionState
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.server.config import BrokerConfig
+from jetstream.stream.reserve import DiskReserve
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -56,7 +62,8 @@ def now_ms() -> int:
 class Cluster:
     """The cluster services of one broker (see the module docstring)."""
 
-    def __init__(self, config: BrokerConfig, directory: Path) -> None:
+    def __init__(self, config: BrokerConfig, directory: Path,
+                 reserve: DiskReserve | None = None) -> None:
         members = config.cluster_members
         assert members, "not a cluster"
         self.config = config
@@ -66,9 +73,10 @@ class Cluster:
         self.metadata = RaftMetadata(
             directory, members[config.broker_id], partners, broker_id=config.broker_id,
             broker_ids=self.raft_ids, password=config.raft_password or None,
-            routes=config.raft_route_map)
+            routes=config.raft_route_map, reserve=reserve)
         self.size = len(members)
         self._controller: FailoverController | None = None
+        self._full_disk = FullDiskHandOver(config.broker_id)
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- start -----------------------------------------------------------------------------------
@@ -239,13 +247,25 @@ class Cluster:
             if state is None or state.leader != self.broker_id:
                 continue
             candidates = self._successors(state)
-            if not candidates:
-                continue
-            try:
-                await self.metadata.propose(ChangeLeader(stream, partition, state.leader_epoch,
-                                                         candidates[0]))
-            except JetstreamError as exc:
-                log.warning("hand-over of %s/%d failed: %s", stream, partition, exc)
+            if candidates:
+                await self._hand_over_one(ChangeLeader(stream, partition, state.leader_epoch,
+                                                       candidates[0]))
+
+    def hand_over_from_full_disk(self, led: list[LedPartition]) -> None:
+        """The data disk is full: hand the partitions in `led` (led here) to in-sync
+        followers with room, once per leader epoch (in the background)."""
+        for decision in self._full_disk.decide(True, led):
+            log.warning("%s/%d: the data disk is full: handing the leadership at epoch %d to "
+                        "broker %d", decision.stream, decision.partition,
+                        decision.leader_epoch, decision.leader)
+            self._spawn(self._hand_over_one(ChangeLeader(
+                decision.stream, decision.partition, decision.leader_epoch, decision.leader)))
+
+    async def _hand_over_one(self, change: ChangeLeader) -> None:
+        try:
+            await self.metadata.propose(change)
+        except JetstreamError as exc:
+            log.warning("hand-over of %s/%d failed: %s", change.stream, change.partition, exc)
 
     async def hand_over_to(self, stream: str, partition: int,
                            successors: tuple[int, ...]) -> None:
@@ -258,16 +278,13 @@ class Cluster:
         if not candidates:
             log.warning("%s/%d: no in-sync replica to hand over to", stream, partition)
             return
-        try:
-            await self.metadata.propose(ChangeLeader(stream, partition, state.leader_epoch,
-                                                     candidates[0]))
-        except JetstreamError as exc:
-            log.warning("hand-over of %s/%d failed: %s", stream, partition, exc)
+        await self._hand_over_one(ChangeLeader(stream, partition, state.leader_epoch,
+                                               candidates[0]))
 
     def _successors(self, state: PartitionState) -> list[int]:
         """The partition's in-sync replicas other than this broker, in replica order: the
         brokers it may hand its leadership to."""
-        return [r for r in state.replicas if r != self.broker_id and r in state.isr]
+        return successors(state.replicas, state.isr, self.broker_id)
 
     async def close(self) -> None:
         await cancel_and_wait(*self._tasks)

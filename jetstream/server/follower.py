@@ -37,13 +37,16 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import CorruptRecord, InvalidBatch, JetstreamError
+from jetstream.errors import CorruptRecord, DiskFull, InvalidBatch, JetstreamError
+from jetstream.isr.disk_full import FollowerDisk
 from jetstream.isr.follower import Done, TruncateFully, TruncateTo, epoch_to_ask, plan_truncation
 from jetstream.isr.leader import Unfit
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
+from jetstream.server.disk import DiskMonitor
 from jetstream.stream import format as fmt
+from jetstream.stream.checkpoint import DISK_FULL_ERRNOS
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.epoch import EpochEndOffset
 from jetstream.stream.file_slice import FileSlice
@@ -72,7 +75,8 @@ class PartitionFollower:
     def __init__(self, stream: StreamConfig, state: PartitionState, log_: Log, *,
                  config: BrokerConfig, executor: Executor | None, address_of: AddressOf,
                  report_failure: ReportFailure, fence: Fence = _no_fence,
-                 damage_found: Callable[[tuple[str, int]], None] | None = None) -> None:
+                 damage_found: Callable[[tuple[str, int]], None] | None = None,
+                 disk: DiskMonitor | None = None) -> None:
         self.stream = stream
         self.state = state
         self.log = log_
@@ -102,6 +106,8 @@ class PartitionFollower:
         #: The next fetch asks the leader to check every byte it sends (its last answer held
         #: a batch that failed its CRC here).
         self._verify_next = False
+        self._disk = disk
+        self._disk_standing = FollowerDisk()
 
     @property
     def name(self) -> str:
@@ -252,6 +258,7 @@ class PartitionFollower:
                             offset)
                 self.log.truncate_to(max(offset, self.log.log_start_offset))
                 self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+        self._say_if_full()
         request = m.FetchRequest(
             self.stream.name, self.state.partition, self.log.log_end_offset,
             self._config.replica_fetch_bytes_max, self._config.replica_fetch_wait_ms,
@@ -259,22 +266,51 @@ class PartitionFollower:
             isolation="uncommitted", unfit=self.unfit_now(), verify=self._verify_next)
         response, payload = await conn.fetch(request)
         self._answered()
-        if payload:
-            self._append_done = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._append, payload)
-            try:
-                await asyncio.shield(self._append_done)
-            except InvalidBatch:
-                # Damaged on the way or in the leader's files since it checked them: ask
-                # it to check what it sends (it then heals or serves around its damage).
-                self._verify_next = True
-                raise
-            self._verify_next = False
+        await self._append_what_fits(payload)
         hw = min(response.high_watermark, self.log.log_end_offset)
         if hw > self.high_watermark:
             self.high_watermark = hw
             self._wake_readers()
         self._maybe_checkpoint()
+        if self._disk_standing.paced(request.unfit, self._disk_full()):
+            await asyncio.sleep(self._config.disk_check_ms / 1000)
+
+    # -- a full disk (jetstream.isr.disk_full) ----------------------------------------------------
+
+    def _disk_full(self) -> bool:
+        return self._disk is not None and self._disk.full
+
+    def _say_if_full(self) -> None:
+        """Tell the leader with the next fetch whether the disk keeps this replica out of the
+        ISR (damage in the log comes first: `unfit_now`)."""
+        self.unfit = self._disk_standing.unfit(self._disk_full())
+
+    async def _append_what_fits(self, payload: bytes) -> None:
+        """Append what the leader sent, unless the disk is above its high watermark. An
+        append that finds no room keeps none of the batch it failed on (the log's appends
+        are all or nothing) and makes this replica unfit until one succeeds."""
+        full = self._disk_full()
+        if not payload or not self._disk_standing.may_append(full):
+            self._disk_standing.after_fetch(full, None)
+            return
+        self._append_done = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._append, payload)
+        try:
+            await asyncio.shield(self._append_done)
+        except InvalidBatch:
+            # Damaged on the way or in the leader's files since it checked them: ask
+            # it to check what it sends (it then heals or serves around its damage).
+            self._verify_next = True
+            raise
+        except (DiskFull, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
+                raise
+            log.warning("%s: no room to append at %d: %s", self.name,
+                        self.log.log_end_offset, exc)
+            self._disk_standing.after_fetch(full, False)
+            return
+        self._verify_next = False
+        self._disk_standing.after_fetch(full, True)
 
     # -- consumer reads ---------------------------------------------------------------------------
 

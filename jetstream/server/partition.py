@@ -309,7 +309,7 @@ class PartitionLeader:
             return
         try:
             if self._disk is not None:
-                self._disk.check()
+                self._disk.check(len(records))
             info = self.log.append(records, self.state.leader_epoch, sync=False)
         except JetstreamError as exc:
             log.warning("append to %s failed: %s", self.name, exc)
@@ -396,7 +396,7 @@ class PartitionLeader:
             raise NotLeader(self.stream.name, self.state.partition)
         await self._wait_for_room()
         if self._disk is not None:
-            self._disk.check()
+            self._disk.check(len(records))
         info = self.log.append(records, self.state.leader_epoch, sync=False)
         self._on_append()
         self.metrics.appended_records += len(records)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from jetstream.errors import FencedLeaderEpoch, NotLeader, UnknownPartition, UnknownStream
+from jetstream.isr.disk_full import LedPartition
 from jetstream.isr.leader import ProposeIsr
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import PartitionState, StreamConfig
@@ -200,6 +201,19 @@ class Roles:
         broker = state.brokers.get(p.leader)
         raise NotLeader(stream, partition, p.leader, broker.address if broker else "")
 
+    def led(self) -> list[LedPartition]:
+        """The replicated partitions this broker leads, as their leaders see them."""
+        out = []
+        for leader in self.leaders.values():
+            isr, state = leader.isr, leader.state
+            if isr is None:
+                continue
+            unfit = frozenset(r for r in state.replicas
+                              if r != isr.leader_id and isr.follower_state(r).unfit)
+            out.append(LedPartition(state.stream, state.partition, state.leader_epoch,
+                                    state.replicas, state.isr, unfit))
+        return out
+
     def describe(self) -> list[dict[str, Any]]:
         """What this broker does for each of its partitions: lead, follow, or nothing
         because the metadata's epoch is below the highest it recorded ("fenced")."""
@@ -318,7 +332,7 @@ class Roles:
             stream, partition, self._open_log(stream, partition), config=self._config,
             executor=self._executor, address_of=self._cluster.address_of,
             report_failure=self._cluster.report_leader_failure, fence=self.fence.check,
-            damage_found=self.damage_found)
+            damage_found=self.damage_found, disk=self._disk)
         await follower.start()
         self.followers[(stream.name, partition.partition)] = follower
         log.info("following broker %d for %s/%d at epoch %d", partition.leader, stream.name,

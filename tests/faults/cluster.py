@@ -10,6 +10,10 @@ PID. The cluster's view is read over HTTP (`GET /cluster` of a live broker); eve
 condition polled until a deadline. At the end `finish()` heals the network, waits until every
 replica holds everything committed, stops every process and reads every replica's log files,
 for the checker (tests/faults/checker.py).
+
+With `disks`, each broker's data directory is a tmpfs of its own (DISK_SIZE; mounting needs
+root, else TmpfsUnavailable), which a fault can fill past the brokers' disk high watermark
+and free again (`fill_disk`, `free_disk`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +41,7 @@ from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.process import BrokerProcess
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.log import Log
+from tests.disk_space import fill, free, tmpfs
 from tests.faults.checker import Record, Replica
 from tests.faults.proxy import Mode, Relays
 from tests.faults.workload import GROUP_DRAIN_S
@@ -56,6 +62,11 @@ HEALTHY_TIMEOUT_S = 60.0
 WORKLOAD_STOP_TIMEOUT_S = 30.0
 #: `__offsets` partitions in the fault cluster (fewer than the default: quicker to create).
 OFFSETS_PARTITIONS = 3
+#: With `disks`: each broker's own data disk, how often brokers check it, and how full a
+#: fault fills it (past the default high watermark, 95 %, short of the last byte).
+DISK_SIZE = "512m"
+DISK_TUNING = ("--disk-check-ms", "200")
+DISK_FILL_PERCENT = 97.0
 
 
 class ClusterStuck(AssertionError):
@@ -78,7 +89,8 @@ class PartitionView:
 class FaultCluster:
     def __init__(self, work_dir: Path, *, partitions: int = 1,
                  fsync: FsyncPolicy = FsyncPolicy.ALWAYS, rate: int = 400,
-                 seed: int = 0, compacted_keys: int = 0, group: str = "") -> None:
+                 seed: int = 0, compacted_keys: int = 0, group: str = "",
+                 disks: bool = False) -> None:
         self.work_dir = work_dir
         self.partitions = partitions
         self.fsync = fsync
@@ -88,6 +100,9 @@ class FaultCluster:
         self.compacted_keys = compacted_keys
         #: A consumer group reading the stream (its members run in the workload), or "".
         self.group = group
+        #: Each broker's data directory on a tmpfs of its own (a fault may fill it).
+        self.disks = disks
+        self._mounts = ExitStack()
         self.history_path = work_dir / "history.jsonl"
         self.nats: NatsServer | None = None
         self.relays: Relays | None = None
@@ -108,6 +123,9 @@ class FaultCluster:
         self.nats.start()
         ports = restartable_ports(2 * BROKERS)
         raft_ports, api_ports = ports[:BROKERS], ports[BROKERS:]
+        if self.disks:
+            for b in range(BROKERS):
+                self._mounts.enter_context(tmpfs(self.work_dir / f"broker{b}", DISK_SIZE))
         self.relays = Relays()
         members = ",".join(f"{b}@{HOST}:{raft_ports[b]}" for b in range(BROKERS))
         for b in range(BROKERS):
@@ -124,7 +142,8 @@ class FaultCluster:
                 extra_args=("--cluster", members, "--raft-routes", ",".join(raft_routes),
                             "--peer-routes", ",".join(peer_routes), "--http-port", "0",
                             "--cleaner-backoff-ms", "200",
-                            "--offsets-partitions", str(OFFSETS_PARTITIONS), *TUNING))
+                            "--offsets-partitions", str(OFFSETS_PARTITIONS), *TUNING,
+                            *(DISK_TUNING if self.disks else ())))
             broker.port = api_ports[b]
             self.brokers.append(broker)
         for broker in self.brokers:
@@ -187,6 +206,7 @@ class FaultCluster:
         if self.nats is not None:
             self.nats.stop()
             self.nats = None
+        self._mounts.close()
         self._http.close()
 
     # -- the cluster's view ----------------------------------------------------------------------
@@ -315,6 +335,15 @@ class FaultCluster:
         assert self.relays is not None
         self.relays.heal()
 
+    def fill_disk(self, b: int) -> None:
+        """Fill broker `b`'s data disk past the brokers' high watermark."""
+        assert self.disks, "a cluster without disks of its own"
+        fill(self.brokers[b].data_dir, DISK_FILL_PERCENT)
+
+    def free_disk(self, b: int) -> None:
+        if self.disks:
+            free(self.brokers[b].data_dir)
+
     def cut_log(self, b: int, partition: int, offset: int, garbage: bytes = b"") -> None:
         """Cut a stopped broker's replica of `partition` back to `offset` (what was surely
         fsynced; rounded up to the end of the batch holding it, since a batch is written and
@@ -392,6 +421,8 @@ class FaultCluster:
         self.stop_workload()
         for b in list(self.paused):
             self.resume(b)
+        for b in range(BROKERS):
+            self.free_disk(b)
         self.heal()
         for b, broker in enumerate(self.brokers):
             if not broker.running:

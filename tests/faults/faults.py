@@ -194,6 +194,28 @@ def rolling_restart(c: FaultCluster) -> list[float]:
     return handovers
 
 
+def disk_full(c: FaultCluster) -> list[float]:
+    """Fill one broker's data disk past the high watermark (the partition leader half of the
+    time) and free it 1-3 s later. A full leader hands its partitions to an in-sync
+    follower; a full follower leaves the ISR; either rejoins once it has room again."""
+    leader, epoch = _leader(c)
+    target = leader if c.rng.random() < 0.5 else c.rng.choice(
+        [b for b in range(BROKERS) if b != leader])
+    c.fill_disk(target)
+    if target == leader:
+        c.wait_new_leader(0, epoch)
+    else:
+        c.wait(lambda: _out_of_isr(c, target), f"full broker {target} out of the ISR")
+    hold(c.rng.uniform(1.0, 3.0))
+    c.free_disk(target)
+    return []
+
+
+def _out_of_isr(c: FaultCluster, broker: int) -> bool:
+    view = c.partition(0, from_leader=False)
+    return view is not None and broker not in view.isr
+
+
 def slow_links(c: FaultCluster) -> list[float]:
     """Delay every broker <-> broker byte of one broker by 50-300 ms for 2-5 s."""
     target = c.rng.randrange(BROKERS)
@@ -234,7 +256,11 @@ ALL: dict[str, Fault] = {
     "rolling_restart": rolling_restart,
     "slow_links": slow_links,
     "bitflip": bitflip,
+    "disk_full": disk_full,
 }
+
+#: Faults that need each broker's data disk on a filesystem of its own (FaultCluster.disks).
+DISK_FAULTS = frozenset({"disk_full"})
 
 #: Faults for a consumer group's scenario only (run_mix takes them by name too).
 GROUP_FAULTS: dict[str, Fault] = {"kill_coordinator": kill_coordinator}

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from jetstream.stream.config import FsyncPolicy
+from tests.disk_space import tmpfs_available
 from tests.faults.checker import Report, check
 from tests.faults.cluster import ClusterStuck, FaultCluster
 from tests.faults.compacted import CompactedReport, check_compacted
-from tests.faults.faults import ALL, GROUP_FAULTS
+from tests.faults.faults import ALL, DISK_FAULTS, GROUP_FAULTS
 from tests.faults.groups import check_group
 
 
@@ -38,12 +39,15 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
     """Run the mix for `seconds` of load (or exactly `cycles` faults); the checker's report
     plus the run's figures. With `group`, the stream is read by a consumer group whose
     members run in the workload, and the group's checker (tests/faults/groups.py) adds its
-    figures, prefixed `group_`."""
-    names = faults or sorted(ALL)
+    figures, prefixed `group_`. Faults that fill a disk need each broker's data directory on
+    a tmpfs of its own: without `faults`, they are in the mix only where one can be mounted
+    (as root); named without that, the cluster does not start (TmpfsUnavailable)."""
+    names = faults or default_faults()
     every = {**ALL, **GROUP_FAULTS}
     rng = random.Random(seed)
     cluster = FaultCluster(work_dir, partitions=partitions, fsync=fsync, seed=seed,
-                           compacted_keys=compacted_keys, group=group)
+                           compacted_keys=compacted_keys, group=group,
+                           disks=bool(DISK_FAULTS & set(names)))
     kills: list[tuple[str, float]] = []
     done: Counter[str] = Counter()
     stuck = ""
@@ -86,6 +90,11 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
         compacted_keys=compacted_keys, bit_flips=len(cluster.flips),
         stuck=stuck)
     return result
+
+
+def default_faults() -> list[str]:
+    """Every fault, less those that fill a disk where no tmpfs can be mounted."""
+    return sorted(n for n in ALL if n not in DISK_FAULTS or tmpfs_available())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -360,14 +360,17 @@ def test_cluster_status(broker: BrokerProcess) -> None:
     jetstream(brokers, "stream", "create", "parts", "--subject", "parts", "--partitions", "2")
     jetstream(brokers, "pub", "parts", "x", "--partition", "1")
     status = json_of(brokers, "cluster", "status")
-    assert [(b["address"], b["nats_url"], b["nats_state"]) for b in status["brokers"]] == [
-        (broker.address, broker.nats_url, "connected")]
+    assert [(b["address"], b["nats_url"], b["nats_state"], b["disk_full"])
+            for b in status["brokers"]] == [(broker.address, broker.nats_url, "connected", False)]
+    used = status["brokers"][0]["disk_used_percent"]
+    assert 0 < used < 100
     assert [(p["stream"], p["partition"], p["leader"], p["isr"], p["leader_epoch"],
              p["high_watermark"], p["log_end_offset"]) for p in status["partitions"]] == [
         ("parts", 0, 0, [0], 0, 0, 0), ("parts", 1, 0, [0], 0, 1, 1)]
     human = jetstream(brokers, "cluster", "status").stdout
-    assert ["0", broker.address, str(broker.http_port), broker.nats_url, "connected"] in [
-        line.split() for line in human.splitlines()]
+    row = next(line.split() for line in human.splitlines() if line.startswith("0 "))
+    assert row[:5] == ["0", broker.address, str(broker.http_port), broker.nats_url, "connected"]
+    assert row[5].endswith("%") and 0 < float(row[5][:-1]) < 100 and row[6] == "no"
     assert ["parts", "1", "0", "0", "0", "0", "1", "1"] in [
         line.split() for line in human.splitlines()]
 

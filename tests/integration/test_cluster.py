@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,12 +42,14 @@ TUNING = ("--replica-lag-ms-max", "2000", "--replica-leader-timeout-ms", "1000",
           "--broker-timeout-ms", "2000", "--checkpoint-interval-ms", "200", "-v")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, nats_url: str) -> Iterator[list[BrokerProcess]]:
+@contextmanager
+def running_cluster(tmp_path: Path, nats_url: str, tuning: tuple[str, ...] = TUNING
+                    ) -> Iterator[list[BrokerProcess]]:
+    """3 brokers in `tmp_path`/broker<i>, ready; killed afterwards."""
     raft_ports = free_ports(3)
     spec = ",".join(f"{i}@127.0.0.1:{port}" for i, port in enumerate(raft_ports))
     brokers = [BrokerProcess(tmp_path / f"broker{i}", nats_url, broker_id=i,
-                             extra_args=("--cluster", spec, *TUNING)) for i in range(3)]
+                             extra_args=("--cluster", spec, *tuning)) for i in range(3)]
     try:
         for broker in brokers:
             broker.start(wait=False)
@@ -56,6 +59,12 @@ def cluster(tmp_path: Path, nats_url: str) -> Iterator[list[BrokerProcess]]:
     finally:
         for broker in brokers:
             broker.kill()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, nats_url: str) -> Iterator[list[BrokerProcess]]:
+    with running_cluster(tmp_path, nats_url) as brokers:
+        yield brokers
 
 
 async def eventually(probe: Callable[[], Awaitable[T | None]], what: str,
@@ -459,7 +468,8 @@ def test_cluster_status_shows_offsets_of_every_partition_and_replica(
     rows = [line.split() for line in human.splitlines()]
     for broker in cluster:
         assert [str(broker.broker_id), broker.address, str(broker.http_port), broker.nats_url,
-                "connected"] in rows
+                "connected"] in [row[:5] for row in rows]
+    assert [b["disk_full"] for b in status["brokers"]] == [False, False, False]
     cells = next(line.split() for line in human.splitlines() if line.startswith(STREAM))
     assert cells[0:4] == [STREAM, "0", str(leader), "0"] and cells[-2:] == ["7", "7"]
 

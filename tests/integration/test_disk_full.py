@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,22 +19,18 @@ import jetstream
 from jetstream.client.types import PublishMessage
 from jetstream.errors import DiskFull, JetstreamError
 from jetstream.server.process import BrokerProcess
+from tests.disk_space import TmpfsUnavailable, tmpfs
 
 SIZE = "24m"
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+        with tmpfs(tmp_path / "disk", SIZE) as mount:
+            yield mount
+    except TmpfsUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 async def test_a_full_disk_restarts_serves_and_frees_space(small_disk: Path, tmp_path: Path,
