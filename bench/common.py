@@ -1,7 +1,8 @@
 """What the benchmarks share: percentiles, a process's CPU time, the pipelined raw NATS
 publisher (the fastest nats-py path: `nc.publish(subject, payload, reply=inbox.N)` with one
-`inbox.*` subscription; see FIELD_NOTES) that loads both sides of a comparison, the no-op
-responder that measures the load generator's own ceiling, and the command line."""
+`inbox.*` subscription; see FIELD_NOTES) that loads both sides of a comparison, the same
+publisher at a fixed offered rate (latency under a given load), the no-op responder that
+measures the load generator's own ceiling, and the command line."""
 
 from __future__ import annotations
 
@@ -106,6 +107,68 @@ async def publish_pipelined(url: str, messages: Sequence[Message], window: int) 
     await nc.close()
     return {"puts_per_s": count / elapsed, "ack_p50_ms": percentile(latencies, 50) * 1000,
             "ack_p99_ms": percentile(latencies, 99) * 1000, "errors": state["errors"]}
+
+
+async def publish_paced(url: str, subject: str, payload: bytes, rate: int, start: float,
+                        warmup_s: float, measure_s: float) -> JsonObject:
+    """`payload` on `subject` at `rate` a second from `start` (a perf_counter time) for
+    `warmup_s + measure_s`, the raw publisher's way, at most one second's worth un-acked.
+    Each ack's latency runs from the time its message was due, so a publisher that falls
+    behind shows in it (`send_lag_p99_ms` says by how much); the figures count the messages
+    due after the warm-up."""
+    assert rate > 0 and measure_s > 0
+    count = round(rate * (warmup_s + measure_s))
+    first = round(rate * warmup_s)
+    in_flight_max = rate
+    due_at = [start + i / rate for i in range(count)]
+    latencies = [0.0] * count
+    lags = [0.0] * count
+    state = {"in_flight": 0, "acked": 0, "errors": 0, "last_ack": 0.0}
+    room, done = asyncio.Event(), asyncio.Event()
+    nc = await nats.connect(url, pending_size=64 * MiB)
+    inbox = nc.new_inbox()
+
+    async def on_ack(msg: Any) -> None:
+        now = time.perf_counter()
+        i = int(msg.subject.rsplit(".", 1)[1])
+        latencies[i] = now - due_at[i]
+        if b'"error"' in msg.data:
+            state["errors"] += 1
+        state["last_ack"] = now
+        state["acked"] += 1
+        state["in_flight"] -= 1
+        room.set()
+        if state["acked"] == count:
+            done.set()
+
+    try:
+        await nc.subscribe(inbox + ".*", cb=on_ack, pending_msgs_limit=10 * in_flight_max)
+        await nc.flush()
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        i = 0
+        while i < count:
+            due = min(count, int((time.perf_counter() - start) * rate) + 1)
+            while i < due:
+                while state["in_flight"] >= in_flight_max:
+                    room.clear()
+                    await room.wait()
+                lags[i] = time.perf_counter() - due_at[i]
+                state["in_flight"] += 1
+                await nc.publish(subject, payload, reply=f"{inbox}.{i}")
+                i += 1
+            if i < count:
+                await asyncio.sleep(max(0.0, due_at[i] - time.perf_counter()))
+        await asyncio.wait_for(done.wait(), ACK_TIMEOUT_S)
+    finally:
+        await nc.close()
+    measured = latencies[first:]
+    return {"offered_msgs_per_s": rate, "messages": len(measured),
+            "msgs_per_s": len(measured) / (state["last_ack"] - due_at[first]),
+            "ack_p50_ms": percentile(measured, 50) * 1000,
+            "ack_p99_ms": percentile(measured, 99) * 1000,
+            "ack_max_ms": max(measured) * 1000,
+            "send_lag_p99_ms": percentile(lags[first:], 99) * 1000,
+            "errors": int(state["errors"])}
 
 
 def bench_main(name: str, doc: str | None, argv: Sequence[str] | None,

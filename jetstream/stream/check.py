@@ -11,7 +11,8 @@ Theory of operation
   otherwise the damage runs to the next index entry that points at a good batch with the
   offset it names, or to the end of the file. The damaged byte range and the offsets it held
   are what a repair replaces (jetstream.stream.verified.Damage).
-- `pace(n)` is called after each chunk of `n` bytes: the scrubber sleeps in it to keep to
+- `pace(n)` is called with the `n` bytes checked since its last call, before each read of
+  the file and at the end (they add up to the range): the scrubber sleeps in it to keep to
   its rate. Nothing here takes the log's lock: the caller records the outcome under it.
 """
 
@@ -49,15 +50,14 @@ def check_segment(segment: Segment, start: int = 0, end: int | None = None,
     assert start == 0 or expected_offset is not None, "a batch's offset is needed mid-file"
     whole = start == 0 and end == segment.size
     shadow = segment.shadow() if whole else None
-    position = start
+    position = paced_to = start
     with segment.pinned() as fd:
         buf = b""
         buf_start = position
         while position < end:
             rel = position - buf_start
             if len(buf) - rel < fmt.BATCH_HEADER.size:
-                if pace is not None and buf:
-                    pace(len(buf))
+                paced_to = _pace(pace, paced_to, position)
                 buf = os.pread(fd, min(SCAN_CHUNK_BYTES, end - position), position)
                 buf_start, rel = position, 0
                 if len(buf) < fmt.BATCH_HEADER.size:
@@ -76,6 +76,7 @@ def check_segment(segment: Segment, start: int = 0, end: int | None = None,
                 return _damaged(segment, fd, position, expected,
                                 f"batch of {header.size} bytes runs past byte {end}", end)
             if rel + header.size > len(buf):
+                paced_to = _pace(pace, paced_to, position)
                 buf = os.pread(fd, max(SCAN_CHUNK_BYTES, header.size), position)
                 buf_start, rel = position, 0
                 if len(buf) < header.size:
@@ -87,9 +88,16 @@ def check_segment(segment: Segment, start: int = 0, end: int | None = None,
                 shadow.account(position, header)
             position += header.size
             expected = header.next_offset
-        if pace is not None and buf:
-            pace(len(buf))
+        _pace(pace, paced_to, position)
     return CheckResult(position, None, shadow)
+
+
+def _pace(pace: Pace | None, paced_to: int, position: int) -> int:
+    """Report the bytes checked since `paced_to` (a batch that runs past the buffer is read
+    again whole, so counting reads would miss the bytes checked before it)."""
+    if pace is not None and position > paced_to:
+        pace(position - paced_to)
+    return position
 
 
 def _damaged(segment: Segment, fd: int, position: int, expected_offset: int, reason: str,

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jetstream.errors import CorruptRecord
+from jetstream.stream import check
 from jetstream.stream import format as fmt
 from jetstream.stream.log import Log
 from jetstream.stream.verified import (
@@ -236,3 +237,16 @@ def test_a_check_of_the_active_segment_and_a_deleted_one(tmp_path: Path,
     assert log.check_segment(active.base_offset) is None
     assert log.check_segment(10**9) is None  # no such segment: nothing to check
     assert active.verified.covers(0, active.size)
+
+
+def test_pace_hears_every_byte_checked_once(tmp_path: Path, clock: Clock,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scrubber keeps to its rate by what `pace` hears: every byte of the segment, also
+    when a batch runs past the read buffer and is read again whole."""
+    monkeypatch.setattr(check, "SCAN_CHUNK_BYTES", 4096)
+    log = make(tmp_path, clock, segment_bytes_max=1 << 20)
+    append_n(log, 100, per_batch=7)  # batches of about 1 KiB: most cross a 4 KiB read
+    paced: list[int] = []
+    assert log.check_segment(log.segment_base_offsets[0], paced.append) is None
+    assert sum(paced) == log.size_bytes
+    assert len(paced) > 10 and max(paced) <= 4096
