@@ -243,7 +243,7 @@ def test_pace_hears_every_byte_checked_once(tmp_path: Path, clock: Clock,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The scrubber keeps to its rate by what `pace` hears: every byte of the segment, also
     when a batch runs past the read buffer and is read again whole."""
-    monkeypatch.setattr(check, "SCAN_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(check, "PACED_CHUNK_BYTES", 4096)
     log = make(tmp_path, clock, segment_bytes_max=1 << 20)
     append_n(log, 100, per_batch=7)  # batches of about 1 KiB: most cross a 4 KiB read
     paced: list[int] = []
