@@ -291,8 +291,12 @@ async def test_a_node_behind_the_leaders_journal_gets_its_snapshot(cluster: Clus
     await leader.propose(DeleteStream("missed"))
     # The dump cuts the leader's journal to the last two entries it applied: past what
     # `behind` holds, so the leader can only send it the dump.
+    before = leader.status()["log_length"]
     leader.request_snapshot()
-    await wait_for(lambda: (leader.directory / DUMP_FILE).exists(), 5, "the leader's dump")
+    # The dump file appears before the journal is cut (at a later tick): until the cut, the
+    # leader could still send `behind` the entries instead of the dump.
+    await wait_for(lambda: (leader.directory / DUMP_FILE).exists()
+                   and leader.status()["log_length"] < before, 5, "the leader's dump and cut")
     await leader.propose(CreateStream(StreamConfig("later", "later")))
 
     back = cluster.start(behind)
