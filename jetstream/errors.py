@@ -362,6 +362,31 @@ class FencedLeaderEpoch(JetstreamError):
                          current_epoch=current_epoch)
 
 
+class FetchSessionNotFound(JetstreamError):
+    """A replica's fetch session is not (or no longer) held by the leader broker: it was
+    replaced, evicted, or the broker restarted. The follower opens a new session naming all
+    its partitions (Kafka's FETCH_SESSION_ID_NOT_FOUND)."""
+
+    code = "FETCH_SESSION_ID_NOT_FOUND"
+    retriable = True
+
+    def __init__(self, session_id: int) -> None:
+        super().__init__(f"no fetch session {session_id}", session_id=session_id)
+
+
+class InvalidFetchSessionEpoch(JetstreamError):
+    """A fetch session request's epoch is not the one after the last: a request was lost or
+    repeated. The follower opens a new session naming all its partitions."""
+
+    code = "INVALID_FETCH_SESSION_EPOCH"
+    retriable = True
+
+    def __init__(self, session_id: int, session_epoch: int, expected: int) -> None:
+        super().__init__(f"fetch session {session_id} is at epoch {expected}, not "
+                         f"{session_epoch}", session_id=session_id,
+                         session_epoch=session_epoch, expected=expected)
+
+
 class NotEnoughReplicas(JetstreamError):
     """Fewer replicas are available than asked for: fewer live brokers than a new stream's
     replication factor, or an in-sync replica set smaller than the minimum an `all` ack needs.

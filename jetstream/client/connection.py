@@ -142,11 +142,11 @@ class BrokerConnection:
         frame = await self._call(request, base + request.max_wait_ms / 1000)
         return m.expect_response(m.decode_response(frame), m.FetchResponse), frame.payload
 
-    async def with_payload(self, request: m.Request, response_type: type[_R]
-                           ) -> tuple[_R, bytes]:
-        """Send `request`, whose answer carries a payload (REPLICA_RANGE): the response and
-        the payload. Raises as `request` does."""
-        frame = await self._call(request, None)
+    async def with_payload(self, request: m.Request, response_type: type[_R], *,
+                           timeout_s: float | None = None) -> tuple[_R, bytes]:
+        """Send `request`, whose answer carries a payload (REPLICA_RANGE, REPLICA_FETCH):
+        the response and the payload. Raises as `request` does."""
+        frame = await self._call(request, timeout_s)
         return m.expect_response(m.decode_response(frame), response_type), frame.payload
 
     async def _call(self, request: m.Request, timeout_s: float | None) -> frames.Frame:

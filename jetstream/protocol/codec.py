@@ -15,7 +15,16 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from jetstream.errors import JetstreamError, ProtocolError
-from jetstream.protocol import admin, groups, integrity, kv, offsets, reads, replication
+from jetstream.protocol import (
+    admin,
+    groups,
+    integrity,
+    kv,
+    offsets,
+    reads,
+    replica_fetch,
+    replication,
+)
 from jetstream.protocol.base import Request, Response
 from jetstream.protocol.frames import (
     RESPONSE_HEADER_BYTES_MAX,
@@ -29,7 +38,7 @@ from jetstream.protocol.wire_errors import error_from_header, error_header
 
 _R = TypeVar("_R", bound=Response)
 
-_CONCERNS = (reads, admin, replication, offsets, groups, kv, integrity)
+_CONCERNS = (reads, admin, replication, offsets, groups, kv, integrity, replica_fetch)
 
 REQUEST_TYPES: Mapping[Op, type[Request]] = {
     request_type.op: request_type for concern in _CONCERNS for request_type in concern.REQUESTS}

@@ -112,6 +112,7 @@ class Op(enum.IntEnum):
     LIST_SEGMENTS = 21
     REPLICA_RANGE = 22
     SCRUB = 23
+    REPLICA_FETCH = 24
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -11,6 +11,7 @@ a module of its own, with the table of its ops' headers:
     groups.py       FIND_COORDINATOR, GROUP_HEARTBEAT, LIST_GROUPS, DESCRIBE_GROUP
     kv.py           GET, KEYS
     integrity.py    REPLICA_RANGE, SCRUB
+    replica_fetch.py REPLICA_FETCH (fetch sessions between brokers)
 
 codec.py registers them by op and encodes and decodes frames of them; wire_errors.py carries
 errors (error frames, error acks) across. This module only re-exports their public names,
@@ -92,6 +93,15 @@ from jetstream.protocol.reads import (
     OffsetForTimestampRequest,
     OffsetForTimestampResponse,
 )
+from jetstream.protocol.replica_fetch import (
+    REPLICA_FETCH_ANSWERS_MAX,
+    REPLICA_FETCH_CHANGES_MAX,
+    PartitionAnswer,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    SessionPartition,
+    decode_answers,
+)
 from jetstream.protocol.replication import (
     EndOffsetForEpochRequest,
     EndOffsetForEpochResponse,
@@ -113,6 +123,8 @@ __all__ = [
     "OFFSET_METADATA_CHARS_MAX",
     "PARTITION_MAX",
     "PORT_MAX",
+    "REPLICA_FETCH_ANSWERS_MAX",
+    "REPLICA_FETCH_CHANGES_MAX",
     "REQUEST_TYPES",
     "RESET_TARGETS",
     "RESPONSE_TYPES",
@@ -152,6 +164,9 @@ __all__ = [
     "MetadataResponse",
     "OffsetForTimestampRequest",
     "OffsetForTimestampResponse",
+    "PartitionAnswer",
+    "ReplicaFetchRequest",
+    "ReplicaFetchResponse",
     "ReplicaRangeRequest",
     "ReplicaRangeResponse",
     "ReportLeaderFailureRequest",
@@ -160,8 +175,10 @@ __all__ = [
     "Response",
     "ScrubRequest",
     "ScrubResponse",
+    "SessionPartition",
     "UpdateStreamRequest",
     "UpdateStreamResponse",
+    "decode_answers",
     "decode_request",
     "decode_response",
     "encode_error",

@@ -12,7 +12,7 @@ broker wires them at start-up:
   make, typed; the broker's stream admin (jetstream.server.admin) is that object.
 A handler answers a Response, or for a Fetch (and a REPLICA_RANGE) the response and the slice
 of the segment file its records are sent from (`FetchResult`), which the socket API sends
-with sendfile.
+with sendfile; a REPLICA_FETCH answers a list of slices, sent one after another.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from jetstream.stream.file_slice import FileSlice
 FetchResult: TypeAlias = tuple[m.FetchResponse, FileSlice]
 #: Any answer with a payload of batches (a Fetch's, a REPLICA_RANGE's).
 PayloadResult: TypeAlias = tuple[m.Response, FileSlice]
-Result: TypeAlias = m.Response | FetchResult | PayloadResult
+#: An answer whose payload is several slices one after another (REPLICA_FETCH).
+SlicesResult: TypeAlias = tuple[m.Response, list[FileSlice]]
+Result: TypeAlias = m.Response | FetchResult | PayloadResult | SlicesResult
 Handler: TypeAlias = Callable[[m.Request], Awaitable[Result]]
 
 R = TypeVar("R", bound=m.Request)

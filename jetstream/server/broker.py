@@ -211,6 +211,7 @@ class Broker:
             on(m.OffsetForTimestampRequest, reads.offset_for_timestamp),
             on(m.ListSegmentsRequest, reads.list_segments),
             on(m.EndOffsetForEpochRequest, reads.end_offset_for_epoch),
+            on(m.ReplicaFetchRequest, roles.sessions.fetch),
             on(m.ReplicaRangeRequest, admin.integrity.replica_range),
             on(m.ScrubRequest, admin.on_scrub),
             on(m.MetadataRequest, admin.on_metadata),

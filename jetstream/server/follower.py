@@ -9,11 +9,14 @@ leader or the epoch changes.
    the plan names (never about the log's latest epoch afterwards: an entry left at the LEO
    would make it ask the same question forever), stop, or drop the log and restart it at the
    leader's log start offset.
-2. Fetching: FetchRequest(offset = LEO, this epoch, replica_id = this broker, uncommitted),
-   long-polling at the leader. What comes back is appended as it is (byte-identical batches)
-   and made durable through the stream's fsync policy before the next fetch, because the next
-   fetch's offset tells the leader that everything below it is held here. The follower's HW
-   is min(leader HW, LEO), checkpointed every `checkpoint_interval_ms`.
+2. Fetching: the partition joins this broker's fetch session at its leader's broker
+   (jetstream.server.replica_fetcher), which fetches every partition this broker follows
+   there in one request, naming a partition only when its entry (`session_entry`: offset =
+   LEO, epoch, unfit, verify) changed. What comes back (`on_answer`) is appended as it is
+   (byte-identical batches) and made durable through the stream's fsync policy before the
+   next request, because the offset it names tells the leader that everything below it is
+   held here. The follower's HW is min(leader HW, LEO), checkpointed every
+   `checkpoint_interval_ms` while it moves.
 3. Fence: before each request the follower checks its epoch against the highest this broker
    recorded (`fence`, jetstream.isr.highest_epochs): it never asks or fetches below it. Its
    END_OFFSET_FOR_EPOCH requests carry its epoch, so a leader at another epoch refuses them.
@@ -21,8 +24,9 @@ leader or the epoch changes.
    ISR: committed records below the follower's HW, never past it, so never anything a later
    truncation could remove (truncation never cuts below a committed offset). A reader at the
    HW long-polls until the HW moves (each fetch response may carry a higher leader HW).
-5. Errors: a failed round is retried after a bounded, doubling back-off, truncating again
-   first (the leader may have changed its log meanwhile). When the leader has not answered
+5. Errors: a partition the leader refuses, or a session that fails, is truncated again
+   and rejoins after a bounded, doubling back-off (the leader may have changed its log
+   meanwhile). When the leader has not answered
    for `replica_leader_timeout_ms`, the follower reports it (`report_failure`) to the metadata
    leader, and again at most once per timeout while the silence lasts.
 """
@@ -35,6 +39,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from typing import Protocol
 
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import CorruptRecord, DiskFull, InvalidBatch, JetstreamError
@@ -42,6 +47,7 @@ from jetstream.isr.disk_full import FollowerDisk
 from jetstream.isr.follower import Done, TruncateFully, TruncateTo, epoch_to_ask, plan_truncation
 from jetstream.isr.leader import Unfit
 from jetstream.protocol import messages as m
+from jetstream.protocol.replica_fetch import PartitionAnswer, SessionPartition
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
@@ -61,10 +67,25 @@ BACKOFF_MS_MAX = 1_000
 #: Reports that the leader is silent: (stream, partition, leader epoch); True when the
 #: metadata leader got the report.
 ReportFailure = Callable[[str, int, int], Awaitable[bool]]
-#: The socket API address of a broker ("host:port"), or None when unknown.
-AddressOf = Callable[[int], str | None]
 #: Raises FencedLeaderEpoch when the partition's epoch is below the highest recorded.
 Fence = Callable[[PartitionState], None]
+
+
+class Fetcher(Protocol):
+    """This broker's fetch session at one leader broker (jetstream.server.replica_fetcher)."""
+
+    async def connection(self) -> BrokerConnection:
+        """The connection to the leader broker (shared: truncation asks over it too)."""
+        ...
+
+    async def follow(self, follower: PartitionFollower) -> None:
+        """Fetch `follower`'s partition in the session until the leader refuses it or the
+        session fails (raised)."""
+        ...
+
+
+class Fetchers(Protocol):
+    def for_leader(self, leader_id: int) -> Fetcher: ...
 
 
 def _no_fence(state: PartitionState) -> None:
@@ -73,7 +94,7 @@ def _no_fence(state: PartitionState) -> None:
 
 class PartitionFollower:
     def __init__(self, stream: StreamConfig, state: PartitionState, log_: Log, *,
-                 config: BrokerConfig, executor: Executor | None, address_of: AddressOf,
+                 config: BrokerConfig, executor: Executor | None, fetchers: Fetchers,
                  report_failure: ReportFailure, fence: Fence = _no_fence,
                  damage_found: Callable[[tuple[str, int]], None] | None = None,
                  disk: DiskMonitor | None = None) -> None:
@@ -82,14 +103,13 @@ class PartitionFollower:
         self.log = log_
         self._config = config
         self._executor = executor
-        self._address_of = address_of
+        self._fetchers = fetchers
         self._report_failure = report_failure
         self._fence = fence
         self._damage_found = damage_found
         self.high_watermark = min(log_.read_high_watermark(), log_.log_end_offset)
         self._checkpointed_hw = self.high_watermark
         self._task: asyncio.Task[None] | None = None
-        self._conn: BrokerConnection | None = None
         self._last_answer_s = time.monotonic()
         self._last_report_s = 0.0
         self._checkpoint_s = time.monotonic()
@@ -131,7 +151,6 @@ class PartitionFollower:
             # starting its epoch at the LEO) touches the log.
             with contextlib.suppress(Exception):
                 await self._append_done
-        await self._disconnect()
         self._checkpoint()
 
     # -- the loop -------------------------------------------------------------------------------
@@ -143,42 +162,21 @@ class PartitionFollower:
         backoff_ms = BACKOFF_MS_MIN
         while not self._stopping:
             try:
-                conn = await self._connect()
-                await self._truncate(conn)
-                while not self._stopping:
-                    await self._fetch_once(conn)
-                    backoff_ms = BACKOFF_MS_MIN
+                fetcher = self._fetchers.for_leader(self.state.leader)
+                await self._truncate(await fetcher.connection())
+                backoff_ms = BACKOFF_MS_MIN
+                # Fetched with every other partition this broker follows at that leader,
+                # until the leader refuses this one or the session fails.
+                await fetcher.follow(self)
             except (JetstreamError, OSError) as exc:
                 log.info("%s: following broker %d failed: %s", self.name, self.state.leader, exc)
-                await self._disconnect()
             except Exception:  # a bug: keep following rather than leave the replica behind
                 log.exception("%s: follower failed", self.name)
-                await self._disconnect()
             if self._stopping:
                 return
             await self._maybe_report()
             await asyncio.sleep(backoff_ms / 1000)
             backoff_ms = min(2 * backoff_ms, BACKOFF_MS_MAX)
-
-    async def _connect(self) -> BrokerConnection:
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
-        address = self._address_of(self.state.leader)
-        if address is None:
-            raise OSError(f"address of broker {self.state.leader} unknown")
-        # A silent leader (a paused process, a network dropping packets) must show up as a
-        # timeout within the leader timeout, not the client default of many seconds.
-        timeout_s = self._config.replica_leader_timeout_ms / 1000
-        conn = BrokerConnection(address, client_id=f"replica-{self._config.broker_id}",
-                                connect_timeout_s=timeout_s, request_timeout_s=timeout_s)
-        await conn.open()
-        self._conn = conn
-        return conn
-
-    async def _disconnect(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await conn.close()
 
     async def _maybe_report(self) -> None:
         now = time.monotonic()
@@ -194,6 +192,10 @@ class PartitionFollower:
 
     def _answered(self) -> None:
         self._last_answer_s = time.monotonic()
+
+    def heard_from_leader(self, at_s: float) -> None:
+        """The leader last answered this broker's fetch session at `at_s` (monotonic)."""
+        self._last_answer_s = max(self._last_answer_s, at_s)
 
     # -- truncation -----------------------------------------------------------------------------
 
@@ -249,7 +251,11 @@ class PartitionFollower:
         if self._repair_truncation is None or offset < self._repair_truncation:
             self._repair_truncation = offset
 
-    async def _fetch_once(self, conn: BrokerConnection) -> None:
+    def session_entry(self) -> SessionPartition:
+        """This partition as the fetch session names it now: where it fetches from, and
+        what the leader must know (unfit, verify). Cuts the log first when a repair asked
+        for it. Raises FencedLeaderEpoch when the partition's epoch is below the highest
+        recorded."""
         self._fence(self.state)
         if self._repair_truncation is not None:
             offset, self._repair_truncation = self._repair_truncation, None
@@ -259,21 +265,25 @@ class PartitionFollower:
                 self.log.truncate_to(max(offset, self.log.log_start_offset))
                 self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
         self._say_if_full()
-        request = m.FetchRequest(
-            self.stream.name, self.state.partition, self.log.log_end_offset,
-            self._config.replica_fetch_bytes_max, self._config.replica_fetch_wait_ms,
-            leader_epoch=self.state.leader_epoch, replica_id=self._config.broker_id,
-            isolation="uncommitted", unfit=self.unfit_now(), verify=self._verify_next)
-        response, payload = await conn.fetch(request)
+        return SessionPartition(self.stream.name, self.state.partition,
+                                self.log.log_end_offset, self.state.leader_epoch,
+                                self.unfit_now(), self._verify_next)
+
+    async def on_answer(self, answer: PartitionAnswer, payload: bytes) -> None:
+        """What the leader's session answered for this partition: records to append from
+        this log's end, and its HW."""
         self._answered()
         await self._append_what_fits(payload)
-        hw = min(response.high_watermark, self.log.log_end_offset)
+        hw = min(answer.high_watermark, self.log.log_end_offset)
         if hw > self.high_watermark:
             self.high_watermark = hw
             self._wake_readers()
-        self._maybe_checkpoint()
-        if self._disk_standing.paced(request.unfit, self._disk_full()):
-            await asyncio.sleep(self._config.disk_check_ms / 1000)
+
+    @property
+    def retry_wanted(self) -> bool:
+        """An append found no room: the session should name this partition again after a
+        disk check, so that the leader sends its records again."""
+        return self.unfit == "disk_full" and not self._disk_full()
 
     # -- a full disk (jetstream.isr.disk_full) ----------------------------------------------------
 
@@ -356,11 +366,14 @@ class PartitionFollower:
         if data:
             self.log.append_batches(data, sync=self.stream.fsync is not FsyncPolicy.NEVER)
 
-    def _maybe_checkpoint(self) -> None:
+    def maybe_checkpoint(self) -> bool:
+        """Checkpoint the HW if it changed and the interval passed; True while a change is
+        left to checkpoint."""
         now = time.monotonic()
         if now - self._checkpoint_s >= self._config.checkpoint_interval_ms / 1000:
             self._checkpoint_s = now
             self._checkpoint()
+        return min(self.high_watermark, self.log.log_end_offset) != self._checkpointed_hw
 
     def _checkpoint(self) -> None:
         hw = min(self.high_watermark, self.log.log_end_offset)

@@ -194,6 +194,7 @@ class Integrity:
         """Damage was recorded in the replica `key`: heal it in the background (a follower
         says it is unfit from its next fetch on: it reads its log's damage)."""
         self.totals.damage_found += 1
+        self._roles.touch_follower(key)  # it is unfit now: its leader must hear of it
         running = self._healing.get(key)
         if running is None or running.done():
             self._healing[key] = asyncio.get_running_loop().create_task(
@@ -207,6 +208,7 @@ class Integrity:
                 await asyncio.sleep(HEAL_RETRY_S)
             log_ = self._roles.log_of(key)
             if log_ is None or not log_.damage:
+                self._roles.touch_follower(key)  # fit again, once the damage is gone
                 return
             if key in self._roles.followers:
                 await self._leave_isr(key)
@@ -220,6 +222,7 @@ class Integrity:
                     waiting = True
                     log.warning("%s/%d: healing %s failed: %s", *key, damage.describe(), exc)
             if not waiting:
+                self._roles.touch_follower(key)
                 return
 
     async def _leave_isr(self, key: PartitionKey) -> None:
@@ -348,6 +351,7 @@ class Integrity:
         if damage is None:
             return None  # the check passed (damaged indexes are rebuilt by it): read again
         self.totals.damage_found += 1
+        self._roles.touch_follower(key)  # it is unfit now: its leader must hear of it
         record = self._records.get(key)
         if record is not None and time.monotonic() - record.lost_checked_s < LOST_RETRY_S:
             span = (damage.first_offset, damage.end_offset)

@@ -19,6 +19,8 @@ class PartitionMetrics:
     acked: int = 0
     errors: int = 0
     dropped: int = 0
+    isr_shrinks: int = 0
+    isr_expands: int = 0
     high_watermark: int = 0
 
 
@@ -30,6 +32,8 @@ _HELP = {
     "acked": ("counter", "Publish acks sent."),
     "errors": ("counter", "Messages refused (too large, append failures)."),
     "dropped": ("counter", "Messages NATS delivered that ingest could not buffer (never acked)."),
+    "isr_shrinks": ("counter", "ISR changes committed that removed a replica (this leader)."),
+    "isr_expands": ("counter", "ISR changes committed that added a replica (this leader)."),
     "high_watermark": ("gauge", "Offset below which records are committed."),
 }
 

@@ -45,6 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from jetstream.errors import (
     CorruptRecord,
@@ -109,6 +110,18 @@ ReadAround = Callable[[tuple[str, int], Log, CorruptRecord, int, int],
                       Awaitable[FileSlice | None]]
 
 
+class SessionWatch(Protocol):
+    """The broker's fetch sessions (jetstream.server.fetch_sessions), as a leader sees them:
+    told when a partition's records or HW change, and asked where its followers stand."""
+
+    def changed(self, key: tuple[str, int]) -> None: ...
+
+    def standing(self, key: tuple[str, int]) -> list[tuple[int, int, int]]:
+        """(replica id, the offset it fetches at, when it last said so) per session that
+        holds the partition."""
+        ...
+
+
 @dataclass(slots=True)
 class PendingBatch:
     """An appended batch waiting to become durable and then committed, with the acks (inbox,
@@ -135,10 +148,12 @@ class PartitionLeader:
         replication: Replication | None = None,
         disk: DiskMonitor | None = None,
         read_around: ReadAround | None = None,
+        sessions: SessionWatch | None = None,
     ) -> None:
         self.stream = stream
         self._disk = disk
         self._read_around = read_around
+        self._sessions = sessions
         self.state = state
         self.log = log_
         self._nats = nats_port
@@ -354,6 +369,8 @@ class PartitionLeader:
     def _wake_readers(self) -> None:
         changed, self._hw_changed = self._hw_changed, asyncio.Event()
         changed.set()
+        if self._sessions is not None:
+            self._sessions.changed((self.stream.name, self.state.partition))
 
     def _encode_acks(
         self, base: int, records: list[Record],
@@ -474,6 +491,7 @@ class PartitionLeader:
                 await asyncio.sleep(PROPOSE_RETRY_MS / 1000)
             elif outcome:
                 # Committed, but the listener may not have run (or saw no change: a copy).
+                self._count_isr_change(isr.isr, decision.isr)
                 await self._apply(isr.on_isr_committed(decision.isr, decision.expected_epoch))
             else:
                 await self._apply(isr.on_proposal_failed())
@@ -484,15 +502,23 @@ class PartitionLeader:
         self.state = state
         if self.isr is not None and not self._stopping and tuple(sorted(state.isr)) != \
                 self.isr.isr:
+            self._count_isr_change(self.isr.isr, state.isr)
             decisions = self.isr.on_isr_committed(state.isr, state.leader_epoch)
             task = asyncio.get_running_loop().create_task(self._apply(decisions))
             task.add_done_callback(_log_task_failure)
+
+    def _count_isr_change(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+        if set(old) - set(new):
+            self.metrics.isr_shrinks += 1
+        if set(new) - set(old):
+            self.metrics.isr_expands += 1
 
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(TICK_MS / 1000)
             assert self.isr is not None
-            await self._apply(self.isr.tick(now_ms()))
+            standing = self._refresh_standing()
+            await self._apply(standing + self.isr.tick(now_ms()))
 
     async def _advance_high_watermark(self, hw: int, acks: list[tuple[str, bytes]]) -> None:
         assert self.log.log_start_offset <= hw <= self.log.log_end_offset
@@ -566,11 +592,21 @@ class PartitionLeader:
     async def replica_fetch(self, replica_id: int, offset: int, leader_epoch: int,
                             max_bytes: int, max_wait_ms: int, unfit: Unfit = "", *,
                             verify: bool = False) -> FileSlice:
-        """A follower's fetch: it holds every offset below `offset`; `unfit`, why it must
-        not be in the ISR now (jetstream.isr.leader). Records up to the LEO.
-        It also returns as soon as the HW moves, so that followers, which serve committed
-        reads up to the HW they learn from these answers, learn it without waiting for the
-        next records."""
+        """A follower's fetch of this partition alone (FETCH; brokers fetch through their
+        sessions, jetstream.server.fetch_sessions): it holds every offset below `offset`;
+        `unfit`, why it must not be in the ISR now (jetstream.isr.leader). Records up to the
+        LEO. It also returns as soon as the HW moves, so that followers, which serve
+        committed reads up to the HW they learn from these answers, learn it without waiting
+        for the next records."""
+        hw_seen = self.high_watermark  # before this fetch moves it: the follower must learn it
+        await self.follower_fetched(replica_id, offset, leader_epoch, unfit)
+        return await self.read(offset, max_bytes, max_wait_ms, committed=False, hw_seen=hw_seen,
+                               verify=verify)
+
+    async def follower_fetched(self, replica_id: int, offset: int, leader_epoch: int,
+                               unfit: Unfit = "") -> None:
+        """Follower `replica_id` fetches at `offset` in `leader_epoch`: it holds every offset
+        below. Raises NotLeader, FencedLeaderEpoch or OffsetOutOfRange when it cannot."""
         if self.isr is None:
             raise NotLeader(self.stream.name, self.state.partition)
         if leader_epoch != self.state.leader_epoch or self._stopping:
@@ -583,10 +619,32 @@ class PartitionLeader:
         except ValueError as exc:
             raise OffsetOutOfRange(offset, self.log.log_start_offset,
                                    self.log.log_end_offset) from exc
-        hw_seen = self.high_watermark  # before this fetch moves it: the follower must learn it
         await self._apply(decisions)
-        return await self.read(offset, max_bytes, max_wait_ms, committed=False, hw_seen=hw_seen,
-                               verify=verify)
+
+    async def replica_read(self, offset: int, max_bytes: int, *, verify: bool = False
+                           ) -> FileSlice:
+        """Batches from `offset` up to the LEO for a follower, without waiting (a fetch
+        session waits for all its partitions at once)."""
+        return await self._read_log(offset, max_bytes, self.log.log_end_offset, False, verify)
+
+    @property
+    def serving(self) -> bool:
+        """Still leading: not stopping nor abdicating."""
+        return not self._stopping
+
+    def _refresh_standing(self) -> list[Decision]:
+        """Tell the ISR core where the followers of this partition stand in their fetch
+        sessions: a session names a partition only when its offset changes, so followers of
+        an idle partition would otherwise seem to have stopped fetching."""
+        assert self.isr is not None
+        if self._sessions is None:
+            return []
+        decisions: list[Decision] = []
+        for replica_id, offset, fetched_ms in self._sessions.standing(
+                (self.stream.name, self.state.partition)):
+            with contextlib.suppress(ValueError):  # not a follower of this partition
+                decisions += self.isr.on_follower_standing(replica_id, offset, fetched_ms)
+        return decisions
 
     # -- housekeeping ----------------------------------------------------------------------------
 

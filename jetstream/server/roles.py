@@ -40,10 +40,12 @@ from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
 from jetstream.server.epoch_fence import EpochFence, PartitionKey
+from jetstream.server.fetch_sessions import FetchSessions
 from jetstream.server.follower import PartitionFollower
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort
 from jetstream.server.partition import PartitionLeader, ReadAround, Replication
+from jetstream.server.replica_fetcher import ReplicaFetchers
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
@@ -57,6 +59,11 @@ STREAM_VERSION_FILE = "stream-version"
 def stream_version_marker(created_version: int) -> bytes:
     """What the STREAM_VERSION_FILE of a log of the stream `created_version` holds."""
     return str(created_version).encode()
+
+
+def _no_address(broker_id: int) -> str | None:
+    """One broker knows no other."""
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,11 @@ class Roles:
         #: read meets, and whom followers tell of damage their reads found.
         self.read_around: ReadAround | None = None
         self.damage_found: Callable[[PartitionKey], None] | None = None
+        #: As a leader: the fetch sessions of the brokers following here.
+        self.sessions = FetchSessions(self.leaders.get)
+        #: As a follower: this broker's fetch session at each leader broker.
+        self.fetchers = ReplicaFetchers(
+            config, cluster.address_of if cluster is not None else _no_address, disk)
 
     async def enable(self) -> None:
         """Take roles from now on, and reconcile."""
@@ -148,6 +160,8 @@ class Roles:
                 await self._stop_leader(key, abdicate=self._cluster is not None)
             for key in list(self.followers):
                 await self.followers.pop(key).stop()
+            await self.fetchers.close()
+            self.sessions.close_all()
             for key in list(self._logs):
                 self._logs.pop(key).close()
 
@@ -175,6 +189,13 @@ class Roles:
             role = self.leaders.get(key) or self.followers.get(key)
             if stream is not None and role is not None:
                 yield key, stream, log_, role.high_watermark
+
+    def touch_follower(self, key: PartitionKey) -> None:
+        """The follower of `key` here may have more to tell its leader (damage found or
+        healed): its fetch session names it with the next request."""
+        follower = self.followers.get(key)
+        if follower is not None:
+            self.fetchers.touch(follower.state.leader, key)
 
     def log_of(self, key: PartitionKey) -> Log | None:
         """The open log of a replica held here with a role, else None."""
@@ -296,10 +317,13 @@ class Roles:
     async def _start_leader(self, stream: StreamConfig, partition: PartitionState) -> None:
         leader = PartitionLeader(stream, partition, self._open_log(stream, partition),
                                  self._nats, self._config, self._executor, PartitionMetrics(),
-                                 self._replication(partition), self._disk, self.read_around)
+                                 self._replication(partition), self._disk, self.read_around,
+                                 self.sessions)
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
-        self.leaders[(stream.name, partition.partition)] = leader
+        key = (stream.name, partition.partition)
+        self.leaders[key] = leader
+        self.sessions.changed(key)
         log.info("leading %s/%d at epoch %d", stream.name, partition.partition,
                  partition.leader_epoch)
 
@@ -325,12 +349,13 @@ class Roles:
             await leader.abdicate()
         else:
             await leader.stop()
+        self.sessions.changed(key)  # followers fetching it there learn it is not led here
 
     async def _start_follower(self, stream: StreamConfig, partition: PartitionState) -> None:
         assert self._cluster is not None
         follower = PartitionFollower(
             stream, partition, self._open_log(stream, partition), config=self._config,
-            executor=self._executor, address_of=self._cluster.address_of,
+            executor=self._executor, fetchers=self.fetchers,
             report_failure=self._cluster.report_leader_failure, fence=self.fence.check,
             damage_found=self.damage_found, disk=self._disk)
         await follower.start()

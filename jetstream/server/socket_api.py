@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jetstream.errors import JetstreamError, ProtocolError
 from jetstream.protocol import frames
@@ -42,8 +42,12 @@ HELLO_TIMEOUT_S = 10.0
 @dataclass(slots=True)
 class Answer:
     data: bytes
-    piece: FileSlice | None = None
+    pieces: list[FileSlice] = field(default_factory=list)
     close_after: bool = False
+
+    def close(self) -> None:
+        for piece in self.pieces:
+            piece.close()
 
 
 class SocketApi:
@@ -131,8 +135,8 @@ class Connection:
                 await writer_task
             while not self._answers.empty():  # answers the writer never sent
                 answer = self._answers.get_nowait()
-                if answer is not None and answer.piece is not None:
-                    answer.piece.close()
+                if answer is not None:
+                    answer.close()
 
     async def _next_frame(self) -> frames.Frame | None:
         while True:
@@ -198,12 +202,33 @@ class Connection:
 
     @staticmethod
     def _encode(frame: frames.Frame, result: Result) -> Answer:
-        if isinstance(result, tuple):  # (FetchResponse, FileSlice)
-            response, piece = result
-            data = m.encode_response(frame.correlation_id, frames.Op(frame.op), response,
-                                     piece.length)
-            return Answer(data, piece if piece.length else None)
+        if isinstance(result, tuple):  # a response and the slices its payload is sent from
+            response, sent = result
+            pieces = sent if isinstance(sent, list) else [sent]
+            try:
+                data = m.encode_response(frame.correlation_id, frames.Op(frame.op), response,
+                                         sum(piece.length for piece in pieces))
+            except BaseException:
+                for piece in pieces:
+                    piece.close()
+                raise
+            for piece in pieces:
+                if not piece.length:
+                    piece.close()
+            return Answer(data, [piece for piece in pieces if piece.length])
         return Answer(m.encode_response(frame.correlation_id, frames.Op(frame.op), result))
+
+    @staticmethod
+    async def _send_pieces(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,
+                           pieces: list[FileSlice]) -> bool:
+        """Send each slice with sendfile; False when one came out short."""
+        for piece in pieces:
+            # Wraps an open descriptor for sendfile: no file is opened, nothing blocks.
+            with open(piece.fd, "rb", buffering=0, closefd=False) as f:  # noqa: ASYNC230
+                sent = await loop.sendfile(writer.transport, f, piece.position, piece.length)
+            if sent != piece.length:
+                return False
+        return True
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -214,15 +239,10 @@ class Connection:
                 return
             try:
                 writer.write(answer.data)
-                if answer.piece is not None:
+                if answer.pieces:
                     await writer.drain()
-                    # Wraps an open descriptor for sendfile: no file is opened, nothing blocks.
-                    with open(answer.piece.fd, "rb", buffering=0,  # noqa: ASYNC230
-                              closefd=False) as f:
-                        sent = await loop.sendfile(writer.transport, f, answer.piece.position,
-                                                   answer.piece.length)
-                    if sent != answer.piece.length:
-                        # The segment shrank under us (truncation): the frame is broken.
+                    if not await self._send_pieces(loop, writer, answer.pieces):
+                        # A segment shrank under us (truncation): the frame is broken.
                         writer.close()
                         return
                 elif self._answers.empty():
@@ -230,8 +250,7 @@ class Connection:
             except (ConnectionError, OSError):
                 return
             finally:
-                if answer.piece is not None:
-                    answer.piece.close()
+                answer.close()
             if answer.close_after:
                 with contextlib.suppress(Exception):
                     await writer.drain()

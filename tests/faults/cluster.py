@@ -90,8 +90,11 @@ class FaultCluster:
     def __init__(self, work_dir: Path, *, partitions: int = 1,
                  fsync: FsyncPolicy = FsyncPolicy.ALWAYS, rate: int = 400,
                  seed: int = 0, compacted_keys: int = 0, group: str = "",
-                 disks: bool = False) -> None:
+                 disks: bool = False, idle_streams: int = 0) -> None:
         self.work_dir = work_dir
+        #: Idle R3 streams beside the workload's (what many partitions cost must not break
+        #: failover, ISR changes or recovery).
+        self.idle_streams = idle_streams
         self.partitions = partitions
         self.fsync = fsync
         self.rate = rate
@@ -161,9 +164,14 @@ class FaultCluster:
                              segment_bytes_max=4096, min_cleanable_dirty_ratio=0.05,
                              delete_retention_ms=1000)
         url = self.brokers[0].http_url + "/streams"
-        response = self._http.post(url, json=config.to_dict(), timeout=30.0)
-        if response.status_code not in (200, 201):
-            raise ClusterStuck(f"create stream: {response.status_code} {response.text}")
+        idle = [StreamConfig(name=f"idle-{i}", subject=f"idle.{i}",
+                             replication_factor=BROKERS, min_isr=2, fsync=self.fsync)
+                for i in range(self.idle_streams)]
+        for each in (config, *idle):
+            response = self._http.post(url, json=each.to_dict(), timeout=30.0)
+            if response.status_code not in (200, 201):
+                raise ClusterStuck(f"create stream {each.name}: {response.status_code} "
+                                   f"{response.text}")
 
     def start_workload(self) -> None:
         assert self.nats is not None
@@ -284,6 +292,19 @@ class FaultCluster:
             return True
 
         self.wait(healthy, "a healthy cluster (all brokers up, every ISR full)", timeout_s)
+
+    def _idle_in_sync(self) -> bool:
+        """Every idle stream led, with every replica in its ISR."""
+        view = self.view()
+        if view is None:
+            return False
+        full = 0
+        for stream in view.get("streams", []):
+            if str(stream.get("name", "")).startswith("idle-"):
+                entry = stream["partitions"][0]
+                full += entry.get("leader", -1) in self.live() and \
+                    sorted(entry["isr"]) == sorted(entry["replicas"])
+        return full == self.idle_streams
 
     def offsets_created(self) -> bool:
         return _partition_entry(self.view(), 0, OFFSETS_STREAM) is not None
@@ -428,6 +449,9 @@ class FaultCluster:
             if not broker.running:
                 self.restart(b)
         self.wait_healthy()
+        if self.idle_streams:
+            self.wait(self._idle_in_sync, f"all {self.idle_streams} idle streams led with a "
+                      "full ISR")
         hws: dict[int, int] = {}
         for p in range(self.partitions):
             def caught_up(p: int = p) -> PartitionView | None:

@@ -229,6 +229,39 @@ def test_a_new_member_gets_a_full_lag_window() -> None:
     assert leader.tick(5_501) == [ProposeIsr((1, 2), EPOCH, "shrink")]
 
 
+def test_a_follower_standing_at_the_log_end_in_its_session_stays_caught_up() -> None:
+    # A fetch session names an idle partition once; its leader hears where the follower
+    # stands from the session (its last request's time) before each tick.
+    leader = make(isr=(1, 2, 3))
+    leader.on_follower_fetch(2, 10, 100)
+    leader.on_follower_fetch(3, 10, 100)
+    for now in range(1_000, 10_000, 900):
+        assert leader.on_follower_standing(2, 10, now) == []
+        assert leader.on_follower_standing(3, 10, now) == []
+        assert leader.tick(now + 50) == []
+    assert leader.follower_state(2).last_caught_up_ms == 9_100
+
+
+def test_a_standing_that_does_not_prove_caught_up_changes_nothing() -> None:
+    leader = make(isr=(1, 2, 3))
+    leader.on_follower_fetch(2, 10, 100)
+    leader.on_follower_fetch(3, 7, 100)  # behind the LEO 10
+    # An offset behind the LEO, or other than the last one fetched at, proves nothing.
+    assert leader.on_follower_standing(3, 7, 900) == []
+    assert leader.on_follower_standing(2, 9, 900) == []
+    assert leader.follower_state(3).last_caught_up_ms in (None, 0)
+    assert leader.follower_state(2).last_caught_up_ms == 100
+    # An old session (its broker gone) says nothing newer: the follower is removed.
+    assert leader.on_follower_standing(2, 10, 50) == []
+    assert proposals(leader.tick(1_101)) == [ProposeIsr((1,), EPOCH, "shrink")]
+
+
+def test_a_standing_follower_is_not_in_the_replicas() -> None:
+    leader = make(isr=(1, 2, 3))
+    with pytest.raises(ValueError, match="not a follower"):
+        leader.on_follower_standing(7, 10, 100)
+
+
 def test_one_proposal_in_flight() -> None:
     leader = make(replicas=(1, 2, 3, 4), isr=(1, 2, 3), epoch_start=0)
     leader.on_follower_fetch(2, 10, 900)
