@@ -146,6 +146,10 @@ def _percent(value: float | None) -> str | None:
     return None if value is None else f"{value:.1f}%"
 
 
+def _of(value: int | None, most: int | None) -> str | None:
+    return None if value is None or most is None else f"{value}/{most}"
+
+
 def _yes_no(value: bool | None) -> str | None:
     return None if value is None else ("yes" if value else "no")
 
@@ -258,7 +262,10 @@ async def cluster_status(js: Client, args: argparse.Namespace) -> int:
                 "nats_url": entry.get("nats_url") or b.nats_url or None,
                 "nats_state": entry.get("nats_state"),
                 "disk_used_percent": entry.get("disk_used_percent"),
-                "disk_full": entry.get("disk_full")}
+                "disk_full": entry.get("disk_full"),
+                "open_files": entry.get("open_files"),
+                "open_files_max": entry.get("open_files_max"),
+                "open_files_limit": entry.get("open_files_limit")}
                for b, entry in zip(js.brokers, own, strict=True)]
     partitions = []
     for stream in streams:
@@ -275,9 +282,11 @@ async def cluster_status(js: Client, args: argparse.Namespace) -> int:
         f"metadata leader: {'unknown' if leader is None else f'broker {leader}'}",
         "",
         f"brokers ({len(brokers)})",
-        table(["ID", "ADDRESS", "HTTP", "NATS", "NATS STATE", "DISK USED", "DISK FULL"],
+        table(["ID", "ADDRESS", "HTTP", "NATS", "NATS STATE", "DISK USED", "DISK FULL",
+               "OPEN FILES"],
               [(b["id"], b["address"], b["http_port"] or None, b["nats_url"], b["nats_state"],
-                _percent(b["disk_used_percent"]), _yes_no(b["disk_full"])) for b in brokers]),
+                _percent(b["disk_used_percent"]), _yes_no(b["disk_full"]),
+                _of(b["open_files"], b["open_files_max"])) for b in brokers]),
         "", f"partitions ({len(partitions)})",
         table(["STREAM", "PARTITION", "LEADER", "EPOCH", "ISR", "REPLICAS", "HW", "LEO"],
               [(p["stream"], p["partition"], p["leader"], p["leader_epoch"], _ids(p["isr"]),

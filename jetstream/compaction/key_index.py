@@ -48,6 +48,9 @@ FORMAT_VERSION = 1
 SHORT_KEY_MAX = 400
 KEYS_LIMIT_MAX = 10_000
 DEFAULT_MAP_SIZE_BYTES = 1 << 30
+#: Descriptors an open index holds: lock.mdb, and data.mdb twice (LMDB writes its meta pages
+#: through a second, synchronous descriptor).
+ENV_FILES = 3
 #: Bytes of log read per index transaction while catching up.
 CATCH_UP_READ_BYTES = 1 << 20
 

@@ -35,6 +35,7 @@ from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.coordinator import Coordinators
 from jetstream.server.disk import DiskMonitor
+from jetstream.server.files import OpenFiles
 from jetstream.server.integrity import Integrity
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics, render
@@ -50,9 +51,10 @@ class Admin:
                  cluster: Cluster | None, roles: Roles, metrics: BrokerMetrics,
                  nats_url: str, nats: NatsPort, cleaner: CleanerService, kv: KeyValue,
                  coordinators: Coordinators, disk: DiskMonitor | None = None,
-                 integrity: Integrity | None = None) -> None:
+                 integrity: Integrity | None = None, files: OpenFiles | None = None) -> None:
         self._config = config
         self._disk = disk
+        self._files = files
         self.integrity = integrity or Integrity(config, roles, None, None)
         self._metadata = metadata
         self._cluster = cluster
@@ -162,12 +164,17 @@ class Admin:
 
     def brokers(self) -> list[dict[str, Any]]:
         """Every registered broker; this one's entry adds its NATS URL and connection state,
-        and its data disk's use and whether it is full (only a broker knows its own)."""
+        its data disk's use and whether it is full, and its open files: partition files open,
+        their budget, and the open-file limit (only a broker knows its own)."""
         me = self._config.broker_id
         own: dict[str, Any] = {"nats_url": self._nats_url, "nats_state": self._nats.state}
         if self._disk is not None:
             own.update(disk_used_percent=round(self._disk.used_percent, 1),
                        disk_full=self._disk.full)
+        if self._files is not None:
+            own.update(open_files=self._files.pool.open_count,
+                       open_files_max=self._files.pool.max_open,
+                       open_files_limit=self._files.limit)
         return [{"id": b.id, "host": b.host, "port": b.port, "http_port": b.http_port,
                  **(own if b.id == me else {})}
                 for b in sorted(self._metadata.state.brokers.values(), key=lambda b: b.id)]
@@ -189,6 +196,8 @@ class Admin:
                                   "streams": len(self._metadata.state.streams)}
         if self._disk is not None:
             health["disk"] = self._disk.describe()
+        if self._files is not None:
+            health["files"] = self._files.describe()
         return health
 
     def render_metrics(self, high_watermarks: Mapping[tuple[str, int], int]) -> str:
@@ -198,6 +207,8 @@ class Admin:
         rows = [(s, p, leader.metrics, leader.log.log_end_offset)
                 for (s, p), leader in sorted(leaders.items())]
         disk = self._disk.render_metrics() if self._disk is not None else []
+        if self._files is not None:
+            disk += self._files.render_metrics()
         return (render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
                 + "\n".join(self.integrity.render_metrics()) + "\n"
                 + "\n".join(self._roles.sessions.render_metrics()) + "\n"

@@ -1,6 +1,7 @@
 """The broker process: wiring and lifecycle.
 
-Theory of operation: a broker connects to NATS (or starts an embedded nats-server on
+Theory of operation: a broker raises its open-file limit and sizes the pool its partition
+files share (jetstream.server.files), connects to NATS (or starts an embedded nats-server on
 loopback), opens its metadata (jetstream.raft_meta: local for one broker, Raft in a
 cluster), and builds its services, each in the module of its concern:
 - roles (jetstream.server.roles): the partition leaders and followers, reconciled with the
@@ -50,6 +51,7 @@ from jetstream.server.coordinator import Coordinators
 from jetstream.server.disk import DiskMonitor
 from jetstream.server.epoch_fence import EpochFence
 from jetstream.server.fetch import Reads
+from jetstream.server.files import OpenFiles
 from jetstream.server.http_api import HttpServer
 from jetstream.server.http_groups import BrokerClient
 from jetstream.server.integrity import Integrity
@@ -120,6 +122,7 @@ class Broker:
         if not self._reserve.ensure():
             log.warning("no room for the %d-byte disk reserve in %s", self._reserve.size_bytes,
                         self.data_dir)
+        files = OpenFiles.start(self.config.open_files_max)
         fence = EpochFence(self.data_dir, self._executor)
         nats_port = self._nats = await self._connect_nats()
         if self.config.cluster_members:
@@ -130,7 +133,8 @@ class Broker:
         self._disk.refresh()
         self._disk_task = asyncio.create_task(self._watch_disk(), name="disk")
         roles = self._roles = Roles(self.config, self.data_dir, metadata, self._cluster,
-                                    nats_port, fence, self._executor, self._disk)
+                                    nats_port, fence, self._executor, self._disk,
+                                    pool=files.pool)
         cluster = self._cluster
         integrity = self._integrity = Integrity(
             self.config, roles, cluster.address_of if cluster is not None else None,
@@ -142,7 +146,7 @@ class Broker:
             roles.replicas, threads=self.config.cleaner_threads,
             buffer_bytes=self.config.cleaner_buffer_bytes,
             backoff_ms=self.config.cleaner_backoff_ms)
-        kv = self._kv = KeyValue(roles, self._executor,
+        kv = self._kv = KeyValue(roles, self._executor, files.pool,
                                  interval_ms=self.config.key_index_interval_ms,
                                  map_size_bytes=self.config.key_index_bytes_max,
                                  wait_ms_max=self.config.fetch_wait_ms_max)
@@ -151,7 +155,7 @@ class Broker:
                                                          offsets, self._executor)
         admin = Admin(self.config, metadata, self._cluster, roles, self.metrics,
                       self.nats_url, nats_port, cleaner, kv, coordinators, self._disk,
-                      integrity)
+                      integrity, files)
         self._socket_api = SocketApi(self.config, self.metrics,
                                      self._dispatcher(admin, roles, kv, offsets, coordinators))
         await self._socket_api.start()

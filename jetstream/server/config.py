@@ -18,6 +18,8 @@ from jetstream.errors import InvalidConfig
 from jetstream.stream.config import MiB
 
 ENV_PREFIX = "JETSTREAM_"
+#: The smallest open_files_max that may be set (0 sizes it from the open-file limit).
+OPEN_FILES_MIN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +99,10 @@ class BrokerConfig:
     #: `scrub_interval_ms`. 0: no background scrub (reads and `jetstream scrub` still check).
     scrub_bytes_per_s: int = 4 * MiB
     scrub_interval_ms: int = 6 * 3_600_000
-    #: Most descriptors of segment files held open by this broker.
-    open_files_max: int = 1024
+    #: Most descriptors of partition files (segments, key indexes) held open at once; the
+    #: least recently used are closed, active segments last. 0: half the open-file limit,
+    #: which the broker raises to its hard limit at start (jetstream.server.files).
+    open_files_max: int = 0
     #: Every broker's metadata Raft address, "id@host:raftport,..." (this one's included).
     #: Empty: a single broker with local metadata.
     cluster: str = ""
@@ -163,7 +167,10 @@ class BrokerConfig:
         _range(self, "group_members_max", 1, 100_000)
         _range(self, "groups_max", 1, 10_000_000)
         _range(self, "group_expiry_check_ms", 10, 60_000)
-        _range(self, "open_files_max", 16, 1_000_000)
+        if self.open_files_max != 0 and not OPEN_FILES_MIN <= self.open_files_max <= 1 << 20:
+            raise InvalidConfig(f"open_files_max must be 0 (0 sizes it from the open-file "
+                                f"limit) or in [{OPEN_FILES_MIN}, {1 << 20}], got "
+                                f"{self.open_files_max}", field="open_files_max")
         _range(self, "replica_lag_ms_max", 10, 3_600_000)
         _range(self, "replica_leader_timeout_ms", 10, 3_600_000)
         _range(self, "replica_fetch_wait_ms", 0, 60_000)

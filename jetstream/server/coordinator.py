@@ -179,13 +179,11 @@ class Coordinators:
             entry.notify()
 
     async def _load(self, pg: PartitionGroups) -> None:
-        loop = asyncio.get_running_loop()
         end = pg.leader.log.log_end_offset
         while True:
             try:
-                index = await self._kv.index_covering(rec.OFFSETS_STREAM, pg.partition, end,
-                                                      LOAD_INDEX_WAIT_MS)
-                groups, offsets = await loop.run_in_executor(self._executor, _scan, index)
+                groups, offsets = await self._kv.read_covering(
+                    rec.OFFSETS_STREAM, pg.partition, end, LOAD_INDEX_WAIT_MS, _scan)
                 break
             except JetstreamError as exc:
                 log.info("__offsets/%d: waiting to load groups: %s", pg.partition, exc)

@@ -10,6 +10,11 @@ read. Rounds run every `key_index_interval_ms`, and at once when a read waits fo
 holds committed (the log lost its unsynced tail in a crash) is reset and rebuilt from the
 log; one of another incarnation of the stream is wiped when opened. Lookups run on the event
 loop: an LMDB read is a few microseconds.
+
+Each index is an LMDB environment holding descriptors (`ENV_FILES`) and a mapping, so it is
+leased from the broker's pool of partition files (jetstream.stream.handles) for each use and
+counted in its budget: an index not used for a while is closed, and opened again (on the
+event loop for a lookup, in a worker thread for a catch-up) when it is next needed.
 """
 
 from __future__ import annotations
@@ -20,30 +25,36 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from contextlib import AbstractContextManager
+from typing import TypeVar
 
-from jetstream.compaction.key_index import KeyIndex, catch_up
+from jetstream.compaction.key_index import ENV_FILES, KeyIndex, catch_up
 from jetstream.errors import NotCompacted, OffsetNotIndexed, UnknownStream
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.epoch_fence import PartitionKey
 from jetstream.server.roles import Roles
+from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 INDEX_DIRECTORY = "keys.lmdb"
+T = TypeVar("T")
 
 
 class KeyValue:
-    def __init__(self, roles: Roles, executor: Executor, *, interval_ms: int,
-                 map_size_bytes: int, wait_ms_max: int) -> None:
+    def __init__(self, roles: Roles, executor: Executor, pool: HandlePool, *,
+                 interval_ms: int, map_size_bytes: int, wait_ms_max: int) -> None:
         self._roles = roles
         self._executor = executor
+        self._pool = pool
         self._interval_s = interval_ms / 1000
         self._map_size = map_size_bytes
         self._wait_ms_max = wait_ms_max
-        self._indexes: dict[PartitionKey, tuple[Log, KeyIndex]] = {}
+        #: The log each indexed replica had when its index was opened, and what it covers.
+        self._logs: dict[PartitionKey, Log] = {}
         self._covered: dict[PartitionKey, int] = {}
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
@@ -55,9 +66,9 @@ class KeyValue:
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
         self._task = None
-        for _log, index in self._indexes.values():
-            index.close()
-        self._indexes.clear()
+        for log_ in self._logs.values():
+            self._pool.close(_lease_key(log_))
+        self._logs.clear()
 
     async def _loop(self) -> None:
         while True:
@@ -76,22 +87,32 @@ class KeyValue:
             if not stream.cleanup_policy.compacts:
                 continue
             held.add(key)
-            current = self._indexes.get(key)
-            if current is None or current[0] is not log_:  # new, or its log was reopened
+            current = self._logs.get(key)
+            if current is not log_:  # new, or its log was reopened: open its index afresh
                 if current is not None:
-                    current[1].close()
-                index = await loop.run_in_executor(self._executor, self._open, log_, key)
-                self._indexes[key] = (log_, index)
-                self._covered[key] = index.covered_offset
+                    self._pool.close(_lease_key(current))
+                self._covered[key] = await loop.run_in_executor(
+                    self._executor, self._use, key, log_, lambda i: i.covered_offset)
+                self._logs[key] = log_
             if self._covered.get(key, 0) != hw:
-                index = self._indexes[key][1]
-                covered = await loop.run_in_executor(self._executor, catch_up, index, log_, hw)
-                self._covered[key] = covered
-        for key in set(self._indexes) - held:
-            self._indexes.pop(key)[1].close()
+                self._covered[key] = await loop.run_in_executor(
+                    self._executor, self._catch_up, key, log_, hw)
+        for key in set(self._logs) - held:
+            self._pool.close(_lease_key(self._logs.pop(key)))
             self._covered.pop(key, None)
         async with self._progress:
             self._progress.notify_all()
+
+    def _leased(self, key: PartitionKey, log_: Log) -> AbstractContextManager[KeyIndex]:
+        """The replica's index, open inside the block (opened if the pool closed it)."""
+        return self._pool.lease(_lease_key(log_), lambda: self._open(log_, key), ENV_FILES)
+
+    def _use(self, key: PartitionKey, log_: Log, use: Callable[[KeyIndex], T]) -> T:
+        with self._leased(key, log_) as index:
+            return use(index)
+
+    def _catch_up(self, key: PartitionKey, log_: Log, high_watermark: int) -> int:
+        return self._use(key, log_, lambda index: catch_up(index, log_, high_watermark))
 
     def _open(self, log_: Log, key: PartitionKey) -> KeyIndex:
         index = KeyIndex.open(log_.directory / INDEX_DIRECTORY,
@@ -121,44 +142,48 @@ class KeyValue:
         self._roles.leader_for(stream, partition)  # raises NotLeader & co.
 
     async def _index(self, key: PartitionKey, until: Callable[[int], bool],
-                     wait_ms: int) -> KeyIndex:
-        """The partition's index once `until(covered)` holds (waiting up to `wait_ms`)."""
+                     wait_ms: int) -> Log:
+        """The log of the partition's index once `until(covered)` holds (waiting up to
+        `wait_ms`): lease the index with it (`_leased`)."""
         deadline = time.monotonic() + min(wait_ms, self._wait_ms_max) / 1000
         async with self._progress:
-            while key not in self._indexes or not until(self._covered.get(key, 0)):
+            while key not in self._logs or not until(self._covered.get(key, 0)):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._wake.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._progress.wait(), remaining)
-        found = self._indexes.get(key)
+        found = self._logs.get(key)
         if found is None:
             raise OffsetNotIndexed(key[0], key[1], 0, 0)
-        return found[1]
+        return found
 
-    async def index_covering(self, stream: str, partition: int, offset: int,
-                             wait_ms: int) -> KeyIndex:
-        """The key index of a compacted partition held here, once it covers every committed
-        record below `offset` (waiting up to `wait_ms`). Raises OffsetNotIndexed."""
+    async def read_covering(self, stream: str, partition: int, offset: int, wait_ms: int,
+                            read: Callable[[KeyIndex], T]) -> T:
+        """`read` the key index of a compacted partition held here (in a worker thread), once
+        it covers every committed record below `offset` (waiting up to `wait_ms`). Raises
+        OffsetNotIndexed."""
         key = (stream, partition)
-        index = await self._index(key, lambda covered: covered >= offset, wait_ms)
+        log_ = await self._index(key, lambda covered: covered >= offset, wait_ms)
         covered = self._covered.get(key, 0)
         if covered < offset:
             raise OffsetNotIndexed(stream, partition, offset, covered)
-        return index
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._use, key, log_, read)
 
     async def get(self, request: m.GetRequest) -> m.GetResponse:
         self._compacted(request.stream)
         self._check_role(request.stream, request.partition, request.read_replica)
         key = (request.stream, request.partition)
-        index = await self._index(key, lambda covered: covered > request.min_offset,
-                                  request.max_wait_ms if request.min_offset >= 0 else 0)
+        log_ = await self._index(key, lambda covered: covered > request.min_offset,
+                                 request.max_wait_ms if request.min_offset >= 0 else 0)
         covered = self._covered.get(key, 0)
         if request.min_offset >= covered:
             raise OffsetNotIndexed(request.stream, request.partition, request.min_offset,
                                    covered)
-        entry = index.get(request.key)
+        with self._leased(key, log_) as index:
+            entry = index.get(request.key)
         if entry is None:
             return m.GetResponse(False, covered_offset=covered)
         return m.GetResponse(True, entry.value is None, entry.offset, entry.timestamp_ms,
@@ -167,5 +192,12 @@ class KeyValue:
     async def keys(self, request: m.KeysRequest) -> m.KeysResponse:
         self._compacted(request.stream)
         self._check_role(request.stream, request.partition, request.read_replica)
-        index = await self._index((request.stream, request.partition), lambda c: True, 0)
-        return m.KeysResponse(index.keys(request.prefix, request.after, request.limit))
+        key = (request.stream, request.partition)
+        log_ = await self._index(key, lambda c: True, 0)
+        with self._leased(key, log_) as index:
+            return m.KeysResponse(index.keys(request.prefix, request.after, request.limit))
+
+
+def _lease_key(log_: Log) -> str:
+    """What a replica's index is held under in the pool: its directory."""
+    return str(log_.directory / INDEX_DIRECTORY)

@@ -47,6 +47,7 @@ from jetstream.server.nats_port import NatsPort
 from jetstream.server.partition import PartitionLeader, ReadAround, Replication
 from jetstream.server.replica_fetcher import ReplicaFetchers
 from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.dir_lock import LOGS_LOCK_FILE, DirLock
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
 
@@ -82,7 +83,7 @@ class Roles:
     def __init__(self, config: BrokerConfig, data_dir: Path,
                  metadata: LocalMetadata | RaftMetadata, cluster: Cluster | None,
                  nats: NatsPort, fence: EpochFence, executor: Executor,
-                 disk: DiskMonitor | None = None) -> None:
+                 disk: DiskMonitor | None = None, *, pool: HandlePool) -> None:
         self._config = config
         self._disk = disk
         self._data_dir = data_dir
@@ -91,7 +92,9 @@ class Roles:
         self._nats = nats
         self.fence = fence
         self._executor = executor
-        self._pool = HandlePool(config.open_files_max)
+        self._pool = pool
+        # One lock for every log here, not a descriptor per log (jetstream.stream.dir_lock).
+        self._logs_lock = DirLock(data_dir / "logs", LOGS_LOCK_FILE)
         self.leaders: dict[PartitionKey, PartitionLeader] = {}
         self.followers: dict[PartitionKey, PartitionFollower] = {}
         self._logs: dict[PartitionKey, Log] = {}
@@ -164,6 +167,7 @@ class Roles:
             self.sessions.close_all()
             for key in list(self._logs):
                 self._logs.pop(key).close()
+            self._logs_lock.release()
 
     # -- lookups ----------------------------------------------------------------------------
 
@@ -308,7 +312,8 @@ class Roles:
                 log.warning("%s/%d: data of an earlier stream of this name removed",
                             stream.name, partition.partition)
                 shutil.rmtree(directory)
-            log_ = self._logs[key] = Log(directory, stream.log_config(), pool=self._pool)
+            log_ = self._logs[key] = Log(directory, stream.log_config(), pool=self._pool,
+                                         parent_lock=self._logs_lock)
             self._log_versions[key] = partition.created_version
             if not marker.exists():
                 write_atomic(marker, version)

@@ -26,8 +26,6 @@ calls) or from a thread (fsync). One lock guards the segment list
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shutil
 import struct
 import threading
@@ -45,11 +43,11 @@ from jetstream.errors import (
     RecordTooLarge,
     SegmentsChanged,
     StaleLeaderEpoch,
-    StorageError,
 )
 from jetstream.stream import checkpoint, cleaning, repair, retention
 from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy, LogConfig
+from jetstream.stream.dir_lock import DirLock, lock_log
 from jetstream.stream.epoch import EpochEndOffset, LeaderEpochCache
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.handles import DEFAULT_POOL, HandlePool
@@ -64,7 +62,6 @@ from jetstream.stream.segment import Segment
 from jetstream.stream.segment_list import SegmentList
 
 HIGH_WATERMARK_FILE = "high-watermark-checkpoint"
-LOCK_FILE = ".lock"
 _U32_MAX = 0xFFFFFFFF
 
 
@@ -114,7 +111,12 @@ class Log(LogIntegrity):
         *,
         pool: HandlePool | None = None,
         clock: Callable[[], int] = wall_clock_ms,
+        parent_lock: DirLock | None = None,
     ) -> None:
+        """Open (or create) the log in `directory`. It holds an flock on `<directory>/.lock`
+        while open, unless `parent_lock` (held by the caller on the directory of its logs:
+        a broker's) covers it (jetstream.stream.dir_lock). Raises StorageError when another
+        process has the log open."""
         self.directory = Path(directory)
         self.config = config or LogConfig()
         self._pool = pool or DEFAULT_POOL
@@ -127,12 +129,7 @@ class Log(LogIntegrity):
         self._truncations = 0
         self._closed = False
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise StorageError(f"log {self.directory} is open in another process") from None
+        self._own_lock = lock_log(self.directory, parent_lock)
         try:
             self._segments = SegmentList()
             self._damage = repair.DamageLedger()
@@ -633,9 +630,8 @@ class Log(LogIntegrity):
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def _release_lock(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        if self._own_lock is not None:
+            self._own_lock.release()
 
     def __enter__(self) -> Log:
         return self

@@ -85,6 +85,11 @@ class Segment:
         """An open descriptor of the log file, valid inside the block."""
         return self._pool.pinned(self.log_path)
 
+    def set_active(self, active: bool) -> None:
+        """This segment is (or no longer is) its log's active one: the pool keeps the active
+        segment open before any sealed one (jetstream.stream.handles)."""
+        self._pool.set_hot(self.log_path, active)
+
     def shadow(self) -> Segment:
         """A segment object for the same file that opens nothing: `account` batches into it
         to learn the offsets and indexes those batches imply."""

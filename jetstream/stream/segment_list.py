@@ -4,7 +4,8 @@ Theory of operation: a log is a run of segments in one directory, each starting 
 previous one ends (compaction may leave gaps inside segments, never between their offset
 ranges). This list owns that order and the parallel list of base offsets that `bisect`
 searches, so the two never disagree: every change goes through a method here. It holds no
-lock; the log's lock guards it.
+lock; the log's lock guards it. It also tells the segments which one is active, so the
+descriptor pool keeps that one open first (jetstream.stream.handles).
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ class SegmentList:
     def append(self, segment: Segment) -> None:
         assert not self._segments or segment.base_offset >= self._segments[-1].next_offset, (
             segment.base_offset, self._segments[-1].next_offset)
+        if self._segments:
+            self._segments[-1].set_active(False)
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
+        segment.set_active(True)
 
     def pop_oldest(self) -> Segment:
         del self._bases[0]
@@ -68,11 +72,16 @@ class SegmentList:
         dropped = self._segments[index + 1:]
         del self._segments[index + 1:]
         del self._bases[index + 1:]
+        for segment in dropped:
+            segment.set_active(False)
+        self._segments[-1].set_active(True)
         return dropped
 
     def clear(self) -> list[Segment]:
         dropped = self._segments
         self._segments, self._bases = [], []
+        for segment in dropped:
+            segment.set_active(False)
         return dropped
 
     def replace(self, old: Sequence[Segment], new: Sequence[Segment]) -> None:

@@ -364,6 +364,8 @@ def test_cluster_status(broker: BrokerProcess) -> None:
             for b in status["brokers"]] == [(broker.address, broker.nats_url, "connected", False)]
     used = status["brokers"][0]["disk_used_percent"]
     assert 0 < used < 100
+    own = status["brokers"][0]
+    assert 0 < own["open_files"] <= own["open_files_max"] <= own["open_files_limit"] // 2
     assert [(p["stream"], p["partition"], p["leader"], p["isr"], p["leader_epoch"],
              p["high_watermark"], p["log_end_offset"]) for p in status["partitions"]] == [
         ("parts", 0, 0, [0], 0, 0, 0), ("parts", 1, 0, [0], 0, 1, 1)]
@@ -371,6 +373,8 @@ def test_cluster_status(broker: BrokerProcess) -> None:
     row = next(line.split() for line in human.splitlines() if line.startswith("0 "))
     assert row[:5] == ["0", broker.address, str(broker.http_port), broker.nats_url, "connected"]
     assert row[5].endswith("%") and 0 < float(row[5][:-1]) < 100 and row[6] == "no"
+    opened, most = row[7].split("/")  # the count may have moved since the JSON call
+    assert 0 < int(opened) <= int(most) == own["open_files_max"]
     assert ["parts", "1", "0", "0", "0", "0", "1", "1"] in [
         line.split() for line in human.splitlines()]
 

@@ -65,3 +65,17 @@ def test_bad_routes(name: str, value: str) -> None:
     with pytest.raises(InvalidConfig) as info:
         BrokerConfig(broker_id=0, cluster="0@h0:7000,1@h1:7001", **{name: value})
     assert info.value.fields["field"] == name
+
+
+@pytest.mark.parametrize(("value", "valid"), [
+    (0, True),  # sized from the open-file limit at start
+    (1, False), (15, False), (16, True), (1 << 20, True), ((1 << 20) + 1, False), (-1, False),
+])
+def test_open_files_max(value: int, valid: bool) -> None:
+    if valid:
+        assert BrokerConfig(open_files_max=value).open_files_max == value
+    else:
+        with pytest.raises(InvalidConfig) as info:
+            BrokerConfig(open_files_max=value)
+        assert info.value.fields["field"] == "open_files_max"
+        assert "0 sizes it from the open-file limit" in str(info.value)
