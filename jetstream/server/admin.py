@@ -200,6 +200,7 @@ class Admin:
         disk = self._disk.render_metrics() if self._disk is not None else []
         return (render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
                 + "\n".join(self.integrity.render_metrics()) + "\n"
+                + "\n".join(self._roles.scheduler.render_metrics()) + "\n"
                 + "\n".join(self._coordinators.render_metrics(high_watermarks)) + "\n"
                 + "".join(line + "\n" for line in disk))
 
