@@ -37,7 +37,9 @@ Both are checked on every input (fetch, tick, commit), lagging members first. At
 proposal is in flight; it ends when the metadata commits exactly its ISR (a different commit
 leaves it in flight: with a compare-and-set on the epoch only, it may still be applied after)
 or when it is refused. The next one is computed as soon as the previous one is committed;
-after a refusal, only at the next `tick` (not retried at the rate of fetches).
+after a refusal, only at the next `tick` (not retried at the rate of fetches). Only lagging
+depends on time alone, so a shell need not tick at a fixed rate: `next_tick_ms` says when a
+tick may next decide something.
 
 `min_isr_met`: a publish with ack policy `all` is refused (NotEnoughReplicas) while the
 committed ISR is smaller than `min_isr`; the removal itself is never held back by min_isr.
@@ -314,6 +316,28 @@ class LeaderState:
         self._advance_clock(now_ms)
         self._held = False
         return self._decide()
+
+    def next_tick_ms(self) -> int | None:
+        """The earliest time at which `tick` may decide something, so that a shell ticks
+        only then: when the ISR member caught up longest ago starts to lag; the time last
+        seen while a refused proposal is held (any tick ends the hold: the shell spaces those
+        ticks); None when time alone decides nothing (no follower in the ISR, or a proposal
+        in flight: its outcome, an input, decides next). Ticking any time before it decides
+        nothing, and the inputs that could make it sooner (an ISR commit, a refusal) are the
+        ones after which a shell asks again."""
+        if self._pending is not None:
+            return None
+        if self._held:
+            return self._now_ms
+        due: int | None = None
+        for replica in self._isr:
+            if replica == self.leader_id:
+                continue
+            caught_up = self._followers[replica].last_caught_up_ms
+            assert caught_up is not None, replica  # set for ISR members (see _lagging)
+            lags_at = caught_up + self.replica_lag_ms_max + 1
+            due = lags_at if due is None else min(due, lags_at)
+        return due
 
     # -- decisions ------------------------------------------------------------------------------
 

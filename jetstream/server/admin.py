@@ -213,6 +213,7 @@ class Admin:
                 + "\n".join(self.integrity.render_metrics()) + "\n"
                 + "\n".join(self._roles.sessions.render_metrics()) + "\n"
                 + "\n".join(self._roles.fetchers.render_metrics()) + "\n"
+                + "\n".join(self._roles.scheduler.render_metrics()) + "\n"
                 + "\n".join(self._coordinators.render_metrics(high_watermarks)) + "\n"
                 + "".join(line + "\n" for line in disk))
 

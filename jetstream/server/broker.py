@@ -5,7 +5,9 @@ files share (jetstream.server.files), connects to NATS (or starts an embedded na
 loopback), opens its metadata (jetstream.raft_meta: local for one broker, Raft in a
 cluster), and builds its services, each in the module of its concern:
 - roles (jetstream.server.roles): the partition leaders and followers, reconciled with the
-  metadata after every change, behind the epoch fence (jetstream.server.epoch_fence);
+  metadata after every change, behind the epoch fence (jetstream.server.epoch_fence); one
+  scheduler (jetstream.server.scheduler) runs the background work of the partitions it
+  leads when it is due;
 - reads (jetstream.server.fetch): Fetch, the offset lookups and the segment listing;
 - stream admin and descriptions (jetstream.server.admin);
 - the cluster services (jetstream.server.cluster): Raft, failover, leadership hand-over.
@@ -60,6 +62,7 @@ from jetstream.server.metrics import BrokerMetrics
 from jetstream.server.nats_port import NatsPort, NatsPyNats, connect_nats
 from jetstream.server.offsets_stream import OffsetsStream
 from jetstream.server.roles import Roles
+from jetstream.server.scheduler import Scheduler
 from jetstream.server.socket_api import SocketApi
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.reserve import DiskReserve
@@ -95,6 +98,7 @@ class Broker:
         self._disk = DiskMonitor(self.data_dir, config.disk_high_watermark_percent)
         self._disk_task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetstream-io")
+        self._scheduler = Scheduler(self._executor)
         self._stop = asyncio.Event()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -132,9 +136,10 @@ class Broker:
             metadata = LocalMetadata(self.data_dir / "meta", self._reserve)
         self._disk.refresh()
         self._disk_task = asyncio.create_task(self._watch_disk(), name="disk")
+        self._scheduler.start()
         roles = self._roles = Roles(self.config, self.data_dir, metadata, self._cluster,
-                                    nats_port, fence, self._executor, self._disk,
-                                    pool=files.pool)
+                                    nats_port, fence, self._executor, self._scheduler,
+                                    self._disk, pool=files.pool)
         cluster = self._cluster
         integrity = self._integrity = Integrity(
             self.config, roles, cluster.address_of if cluster is not None else None,
@@ -145,7 +150,7 @@ class Broker:
         cleaner = self._cleaner = CleanerService(
             roles.replicas, threads=self.config.cleaner_threads,
             buffer_bytes=self.config.cleaner_buffer_bytes,
-            backoff_ms=self.config.cleaner_backoff_ms)
+            backoff_ms=self.config.cleaner_backoff_ms, rolled=roles.segment_rolled)
         kv = self._kv = KeyValue(roles, self._executor, files.pool,
                                  interval_ms=self.config.key_index_interval_ms,
                                  map_size_bytes=self.config.key_index_bytes_max,
@@ -291,6 +296,7 @@ class Broker:
             await self._kv.stop()
         if roles is not None:
             await roles.stop_all()
+        await self._scheduler.stop()
         if self._cluster is not None:
             await self._cluster.close()
         if self._nats is not None:

@@ -15,7 +15,6 @@ own copies independently, as Kafka's replicas do.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -84,8 +83,11 @@ class CleanerTotals:
 
 class CleanerService:
     def __init__(self, replicas: Replicas, *, threads: int, buffer_bytes: int,
-                 backoff_ms: int) -> None:
+                 backoff_ms: int, rolled: Callable[[PartitionKey], None] = lambda key: None
+                 ) -> None:
         self._replicas = replicas
+        #: Told of each partition whose active segment this service rolled.
+        self._rolled = rolled
         self._threads = threads
         self._buffer_bytes = buffer_bytes
         self._backoff_s = backoff_ms / 1000
@@ -120,7 +122,8 @@ class CleanerService:
         for key, stream, log_, hw in self._replicas():
             if not stream.cleanup_policy.compacts:
                 continue
-            self._roll_if_idle(stream, log_, hw, now_ms)
+            if self._roll_if_idle(stream, log_, hw, now_ms):
+                self._rolled(key)
             state = self.partitions.setdefault(key, PartitionCleaning())
             if state.failed is not None and state.stream_config == stream:
                 continue  # left alone until the stream is updated (or a restart)
@@ -140,15 +143,18 @@ class CleanerService:
         return views
 
     @staticmethod
-    def _roll_if_idle(stream: StreamConfig, log_: Log, hw: int, now_ms: int) -> None:
+    def _roll_if_idle(stream: StreamConfig, log_: Log, hw: int, now_ms: int) -> bool:
         """A compacted partition whose active segment never fills would never be cleaned:
         once all of it is committed and its first record is `segment_ms_max` old (or
-        `max_compaction_lag_ms`, if sooner), it is rolled so the cleaner can take it."""
+        `max_compaction_lag_ms`, if sooner), it is rolled so the cleaner can take it. True
+        when it rolled."""
         age_ms = stream.segment_ms_max
         if stream.max_compaction_lag_ms is not None:
             age_ms = min(age_ms, stream.max_compaction_lag_ms)
-        with contextlib.suppress(LogClosed):
-            log_.roll_if_older(now_ms - age_ms, hw)
+        try:
+            return log_.roll_if_older(now_ms - age_ms, hw)
+        except LogClosed:
+            return False
 
     def dirty_ratio(self, stream: StreamConfig, log_: Log, hw: int) -> float:
         """The partition's dirty ratio now (for stream info)."""

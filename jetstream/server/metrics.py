@@ -1,13 +1,14 @@
 """Counters of a broker, rendered in the Prometheus text format for `GET /metrics`.
 
 Each partition this broker leads has one `PartitionMetrics`; the broker adds its own
-connection and request counters. Counters only grow; gauges (HW, LEO, lag) are read live.
+connection and request counters, and its scheduler (jetstream.server.scheduler) its own.
+Counters only grow; gauges (HW, LEO, lag, scheduled entries) are read live.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(slots=True)
@@ -73,3 +74,40 @@ def render(partitions: Iterable[tuple[str, int, PartitionMetrics, int]],
         lines += [f"# TYPE jetstream_broker_{f.name} {kind}",
                   f"jetstream_broker_{f.name} {getattr(broker, f.name)}"]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(slots=True)
+class SchedulerMetrics:
+    """What the broker's scheduler did: wake-ups of its task, executor calls (one per batch
+    of due work that does IO), and per kind of work the runs (one per partition) and the
+    runs that failed."""
+
+    wakeups: int = 0
+    executor_calls: int = 0
+    runs: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+def render_scheduler(metrics: SchedulerMetrics, entries: Mapping[str, int]) -> list[str]:
+    """Prometheus lines of the scheduler's counters and of its entries per kind of work."""
+    lines = [
+        "# HELP jetstream_scheduler_wakeups_total Wake-ups of the broker's scheduler task.",
+        "# TYPE jetstream_scheduler_wakeups_total counter",
+        f"jetstream_scheduler_wakeups_total {metrics.wakeups}",
+        ("# HELP jetstream_scheduler_executor_calls_total Executor calls of the scheduler "
+         "(one per batch of due work doing IO)."),
+        "# TYPE jetstream_scheduler_executor_calls_total counter",
+        f"jetstream_scheduler_executor_calls_total {metrics.executor_calls}",
+    ]
+    for name, counts, text in (
+            ("runs", metrics.runs, "Partition work the scheduler ran, by kind."),
+            ("failures", metrics.failures, "Partition work that failed, by kind.")):
+        lines += [f"# HELP jetstream_scheduler_{name}_total {text}",
+                  f"# TYPE jetstream_scheduler_{name}_total counter"]
+        lines += [f'jetstream_scheduler_{name}_total{{work="{work}"}} {count}'
+                  for work, count in sorted(counts.items())]
+    lines += ["# HELP jetstream_scheduler_entries Partition work scheduled, by kind.",
+              "# TYPE jetstream_scheduler_entries gauge"]
+    lines += [f'jetstream_scheduler_entries{{work="{work}"}} {count}'
+              for work, count in sorted(entries.items())]
+    return lines

@@ -22,12 +22,16 @@ Theory of operation
   offsets; its ISR proposals go to the metadata through `replication.propose_isr` (a task
   each, proposing again while the outcome is unknown; a refusal ends in
   `on_proposal_failed`, a commit in `on_isr_committed`, also when the broker's metadata
-  listener sees it first, through `on_metadata`), and a tick every TICK_MS lets it shrink the ISR of
-  followers that stopped fetching. Followers fetch uncommitted records up to the LEO
-  (`replica_fetch`), long-polling on appends. While the ISR is smaller than min_isr, `all`
-  publishes are refused with NOT_ENOUGH_REPLICAS and not appended. A leader that loses
-  leadership (`abdicate`) stops ingest and answers the `all` acks it still owes with
-  NOT_LEADER: it can no longer commit them, though the new leader may still hold them.
+  listener sees it first, through `on_metadata`), and a tick when the core says one is due
+  (`_tick`) lets it shrink the ISR of followers that stopped fetching. Followers fetch
+  uncommitted records up to the LEO (`replica_fetch`), long-polling on appends. While the
+  ISR is smaller than min_isr, `all` publishes are refused with NOT_ENOUGH_REPLICAS and not
+  appended. A leader that loses leadership (`abdicate`) stops ingest and answers the `all`
+  acks it still owes with NOT_LEADER: it can no longer commit them, though the new leader
+  may still hold them.
+- Housekeeping (HW checkpoints, `interval` fsyncs, retention, the ISR tick) has no task
+  here: the broker's scheduler runs it when an event made it due
+  (jetstream.server.housekeeping).
 - Back-pressure: at most `ingest_inflight_batches_max` batches wait for fsync; past that the
   ingest task stops taking messages, the subscription's queue fills, and what does not fit
   is dropped (a slow consumer, counted in the subscription). A dropped message was never
@@ -70,9 +74,11 @@ from jetstream.protocol.envelope import AckPolicy, decode_envelope
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
+from jetstream.server.housekeeping import Housekeeping
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort, Subscription
 from jetstream.server.nats_wire import NatsMsg
+from jetstream.server.scheduler import Scheduler
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.format import NO_HEADERS, Record
@@ -83,8 +89,6 @@ log = logging.getLogger(__name__)
 
 _NO_ACK = AckPolicy.NONE
 _ALL = AckPolicy.ALL
-#: How often the ISR core is ticked (lagging followers are noticed at this resolution).
-TICK_MS = 100
 #: Wait before proposing an ISR change again after its outcome was unknown (a timeout).
 PROPOSE_RETRY_MS = 500
 
@@ -145,6 +149,7 @@ class PartitionLeader:
         config: BrokerConfig,
         executor: Executor | None,
         metrics: PartitionMetrics,
+        scheduler: Scheduler,
         replication: Replication | None = None,
         disk: DiskMonitor | None = None,
         read_around: ReadAround | None = None,
@@ -179,7 +184,8 @@ class PartitionLeader:
         self._sub: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._proposals: set[asyncio.Task[None]] = set()
-        self._checkpointed_hw = -1
+        self._scheduler = scheduler
+        self._housekeeping = Housekeeping(self, scheduler, config, self._tick)
         self._stopping = False
 
     @property
@@ -199,16 +205,14 @@ class PartitionLeader:
                                                    name=f"ingest {self.name}"))
         if self._always:
             self._tasks.append(asyncio.create_task(self._sync_loop(), name=f"sync {self.name}"))
-        self._tasks.append(asyncio.create_task(self._housekeeping_loop(),
-                                               name=f"housekeeping {self.name}"))
+        self._housekeeping.start()
 
     def _start_replication(self, replication: Replication) -> None:
         self.log.start_leader_epoch(self.state.leader_epoch)
         self.isr = LeaderState(
             replication.broker_id, self.state.leader_epoch, self.state.replicas,
-            self.state.isr, self.high_watermark, self.log.log_end_offset, now_ms(),
-            replication.replica_lag_ms_max, self.stream.min_isr)
-        self._tasks.append(asyncio.create_task(self._tick_loop(), name=f"isr tick {self.name}"))
+            self.state.isr, self.high_watermark, self.log.log_end_offset,
+            self._scheduler.now_ms(), replication.replica_lag_ms_max, self.stream.min_isr)
 
     async def abdicate(self) -> None:
         """Leadership moved: stop taking messages at once and answer the `all` acks still owed
@@ -227,12 +231,13 @@ class PartitionLeader:
         if owed:
             await self._publish_errors(owed)
         self._wake_readers()
-        self._checkpoint()
+        self._housekeeping.checkpoint()
 
     async def _stop_taking(self) -> Subscription | None:
         """Stop taking messages: close the NATS subscription (returned, for what it still
         buffers) and stop the background tasks."""
         self._stopping = True
+        self._housekeeping.stop()
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(Exception):
@@ -255,7 +260,16 @@ class PartitionLeader:
                                           self._config.ingest_batch_bytes_max):
                 await self._append_messages(batch)
         await self._sync_now()
-        self._checkpoint()
+        self._housekeeping.checkpoint()
+
+    def reconfigure(self, stream: StreamConfig) -> None:
+        """The stream was updated (its fsync policy unchanged: that takes a new leader)."""
+        self.stream = stream
+        self._housekeeping.segments_changed()
+
+    def segments_changed(self) -> None:
+        """A segment was rolled other than by an append (by the log cleaner)."""
+        self._housekeeping.segments_changed()
 
     @property
     def dropped(self) -> int:
@@ -353,15 +367,22 @@ class PartitionLeader:
         pending = isr.pending_isr
         members = pending if pending is not None and len(pending) < len(isr.isr) else isr.isr
         now, lag_max = now_ms(), isr.replica_lag_ms_max
+        standing = {}
+        if self._sessions is not None:
+            # An idle partition's followers speak through their sessions (see `_tick`).
+            standing = {replica: fetched_ms for replica, offset, fetched_ms
+                        in self._sessions.standing((self.stream.name, self.state.partition))
+                        if offset >= isr.log_end_offset}
         return tuple(r for r in members if r == isr.leader_id or (
-            (seen := isr.follower_state(r).last_caught_up_ms) is not None
-            and now - seen <= lag_max))
+            (seen := max(isr.follower_state(r).last_caught_up_ms or -1, standing.get(r, -1)))
+            >= 0 and now - seen <= lag_max))
 
     def _not_enough_replicas(self) -> NotEnoughReplicas:
         assert self.isr is not None
         return NotEnoughReplicas(self.isr.min_isr, len(self._isr_for_all()))
 
     def _on_append(self) -> None:
+        self._housekeeping.appended()
         if self.isr is not None:
             self.isr.on_leader_append(self.log.log_end_offset)
             self._wake_readers()  # followers long-poll on the LEO
@@ -464,6 +485,7 @@ class PartitionLeader:
     async def _apply(self, decisions: list[Decision],
                      acks: list[tuple[str, bytes]] | None = None) -> None:
         """Carry out the ISR core's decisions (and publish `acks` either way)."""
+        self._housekeeping.isr_changed()
         hw = self.high_watermark
         for decision in decisions:
             if isinstance(decision, AdvanceHighWatermark):
@@ -513,12 +535,12 @@ class PartitionLeader:
         if set(new) - set(old):
             self.metrics.isr_expands += 1
 
-    async def _tick_loop(self) -> None:
-        while True:
-            await asyncio.sleep(TICK_MS / 1000)
-            assert self.isr is not None
-            standing = self._refresh_standing()
-            await self._apply(standing + self.isr.tick(now_ms()))
+    async def _tick(self, now: int) -> None:
+        """Tick the ISR core (the scheduler calls it when the core said a tick is due), once
+        it heard where the followers of this partition stand in their fetch sessions."""
+        assert self.isr is not None
+        standing = self._refresh_standing()
+        await self._apply(standing + self.isr.tick(now))
 
     async def _advance_high_watermark(self, hw: int, acks: list[tuple[str, bytes]]) -> None:
         assert self.log.log_start_offset <= hw <= self.log.log_end_offset
@@ -526,6 +548,7 @@ class PartitionLeader:
             self.high_watermark = hw
             self.metrics.high_watermark = hw
             self._wake_readers()
+            self._housekeeping.high_watermark_moved()
         while self._uncommitted and self._uncommitted[0].next_offset <= self.high_watermark:
             batch = self._uncommitted.popleft()
             acks.extend(batch.all_acks)
@@ -646,45 +669,10 @@ class PartitionLeader:
                 decisions += self.isr.on_follower_standing(replica_id, offset, fetched_ms)
         return decisions
 
-    # -- housekeeping ----------------------------------------------------------------------------
-
-    async def _housekeeping_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        checkpoint_s = self._config.checkpoint_interval_ms / 1000
-        retention_s = self._config.retention_check_ms / 1000
-        next_retention = time.monotonic() + retention_s
-        # The INTERVAL policy's fsyncs run here, in a thread (appends pass sync=False).
-        interval_s = (self.stream.fsync_interval_ms / 1000
-                      if self.stream.fsync is FsyncPolicy.INTERVAL else checkpoint_s)
-        next_checkpoint = time.monotonic() + checkpoint_s
-        while True:
-            await asyncio.sleep(min(interval_s, checkpoint_s))
-            if self.stream.fsync is FsyncPolicy.INTERVAL:
-                await loop.run_in_executor(self._executor, self.log.maybe_sync)
-            if time.monotonic() >= next_checkpoint:
-                next_checkpoint = time.monotonic() + checkpoint_s
-                await loop.run_in_executor(self._executor, self._checkpoint)
-            if time.monotonic() >= next_retention:
-                next_retention = time.monotonic() + retention_s
-                deleted = await loop.run_in_executor(
-                    self._executor, _apply_retention, self.log, self.high_watermark)
-                if deleted:
-                    log.info("retention deleted %d segments of %s", len(deleted), self.name)
-
-    def _checkpoint(self) -> None:
-        hw = self.high_watermark
-        if hw != self._checkpointed_hw:
-            self.log.write_high_watermark(min(hw, self.log.log_end_offset))
-            self._checkpointed_hw = hw
-
 
 def _log_task_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("replication task failed", exc_info=task.exception())
-
-
-def _apply_retention(log_: Log, high_watermark: int) -> list[int]:
-    return log_.apply_retention(max_offset=high_watermark)
 
 
 def _nats_headers(headers: dict[str, str] | None) -> dict[str, bytes]:

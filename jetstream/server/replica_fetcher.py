@@ -86,7 +86,7 @@ class ReplicaFetcher:
         self._epoch = 0
         self._disk_full = False
         self._conn: BrokerConnection | None = None
-        self._conn_lock = asyncio.Lock()
+        self._connecting: asyncio.Task[BrokerConnection] | None = None
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: The session epoch of the request waiting at the leader (0: none waits).
@@ -105,20 +105,27 @@ class ReplicaFetcher:
     # -- what followers call --------------------------------------------------------------------
 
     async def connection(self) -> BrokerConnection:
-        async with self._conn_lock:
-            if self._conn is not None and not self._conn.closed:
-                return self._conn
-            address = self._address_of(self.leader_id)
-            if address is None:
-                raise OSError(f"address of broker {self.leader_id} unknown")
-            # A silent leader (a paused process, a network dropping packets) must show up as
-            # a timeout within the leader timeout, not the client default of many seconds.
-            timeout_s = self._config.replica_leader_timeout_ms / 1000
-            conn = BrokerConnection(address, client_id=f"replica-{self._config.broker_id}",
-                                    connect_timeout_s=timeout_s, request_timeout_s=timeout_s)
-            await conn.open()
-            self._conn = conn
-            return conn
+        """The open connection, or the outcome of one attempt to open it that every caller
+        waiting meanwhile shares (a dead leader costs one connect timeout, not one per
+        partition)."""
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.get_running_loop().create_task(self._connect())
+        return await asyncio.shield(self._connecting)
+
+    async def _connect(self) -> BrokerConnection:
+        address = self._address_of(self.leader_id)
+        if address is None:
+            raise OSError(f"address of broker {self.leader_id} unknown")
+        # A silent leader (a paused process, a network dropping packets) must show up as a
+        # timeout within the leader timeout, not the client default of many seconds.
+        timeout_s = self._config.replica_leader_timeout_ms / 1000
+        conn = BrokerConnection(address, client_id=f"replica-{self._config.broker_id}",
+                                connect_timeout_s=timeout_s, request_timeout_s=timeout_s)
+        await conn.open()
+        self._conn = conn
+        return conn
 
     async def follow(self, follower: PartitionFollower) -> None:
         key = (follower.stream.name, follower.state.partition)
@@ -295,7 +302,7 @@ class ReplicaFetcher:
             await conn.close()
 
     async def close(self) -> None:
-        await cancel_and_wait(self._task, *self._wakes)
+        await cancel_and_wait(self._task, self._connecting, *self._wakes)
         self._task = None
         for key in list(self._members):
             self._fail(key, JetstreamError("the broker is stopping"))

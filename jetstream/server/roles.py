@@ -46,6 +46,7 @@ from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort
 from jetstream.server.partition import PartitionLeader, ReadAround, Replication
 from jetstream.server.replica_fetcher import ReplicaFetchers
+from jetstream.server.scheduler import Scheduler
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.dir_lock import LOGS_LOCK_FILE, DirLock
 from jetstream.stream.handles import HandlePool
@@ -83,8 +84,11 @@ class Roles:
     def __init__(self, config: BrokerConfig, data_dir: Path,
                  metadata: LocalMetadata | RaftMetadata, cluster: Cluster | None,
                  nats: NatsPort, fence: EpochFence, executor: Executor,
-                 disk: DiskMonitor | None = None, *, pool: HandlePool) -> None:
+                 scheduler: Scheduler, disk: DiskMonitor | None = None, *,
+                 pool: HandlePool) -> None:
         self._config = config
+        #: Runs the background work of the partitions led here (jetstream.server.housekeeping).
+        self.scheduler = scheduler
         self._disk = disk
         self._data_dir = data_dir
         self._metadata = metadata
@@ -226,6 +230,12 @@ class Roles:
         broker = state.brokers.get(p.leader)
         raise NotLeader(stream, partition, p.leader, broker.address if broker else "")
 
+    def segment_rolled(self, key: PartitionKey) -> None:
+        """The log cleaner rolled the partition's active segment: retention may apply."""
+        leader = self.leaders.get(key)
+        if leader is not None:
+            leader.segments_changed()
+
     def led(self) -> list[LedPartition]:
         """The replicated partitions this broker leads, as their leaders see them."""
         out = []
@@ -297,7 +307,7 @@ class Roles:
                                                             leader.stream.fsync_interval_ms):
                 await self._stop_leader(key)  # started again below, by the same reconcile
             else:
-                leader.stream = stream
+                leader.reconfigure(stream)
 
     def _open_log(self, stream: StreamConfig, partition: PartitionState) -> Log:
         """The partition's open log; a directory of an earlier stream of the same name is
@@ -322,8 +332,8 @@ class Roles:
     async def _start_leader(self, stream: StreamConfig, partition: PartitionState) -> None:
         leader = PartitionLeader(stream, partition, self._open_log(stream, partition),
                                  self._nats, self._config, self._executor, PartitionMetrics(),
-                                 self._replication(partition), self._disk, self.read_around,
-                                 self.sessions)
+                                 self.scheduler, self._replication(partition), self._disk,
+                                 self.read_around, self.sessions)
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
         key = (stream.name, partition.partition)

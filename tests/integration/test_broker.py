@@ -349,3 +349,40 @@ async def test_http_api(broker: BrokerProcess, js: Client) -> None:
     with pytest.raises(UnknownStream):
         await js.stream_info("web")
 
+
+
+def _scheduler_counters(metrics: str) -> dict[str, int]:
+    """The scheduler's counters in /metrics text: wakeups, executor_calls, runs by kind."""
+    counters: dict[str, int] = {}
+    for line in metrics.splitlines():
+        match = re.match(r'^jetstream_scheduler_(\w+)_total(?:\{work="(\w+)"\})? (\d+)$', line)
+        if match is not None:
+            name, work, value = match.groups()
+            counters[f"{name}:{work}" if work else name] = int(value)
+    assert {"wakeups", "executor_calls", "runs:checkpoint"} <= counters.keys(), metrics
+    return counters
+
+
+async def test_idle_partitions_cost_the_scheduler_nothing(tmp_path: Path, nats_url: str) -> None:
+    """200 partitions, one of them written to: over the checkpoint interval that follows, the
+    broker's scheduler does that partition's checkpoint and nothing for the idle others."""
+    broker = BrokerProcess(tmp_path / "idle", nats_url,
+                           extra_args=("--checkpoint-interval-ms", "1000")).start()
+    try:
+        async with jetstream.connect(broker.address) as js, \
+                httpx.AsyncClient(base_url=broker.http_url, timeout=DEADLINE_S) as http:
+            await js.create_stream("idle", "idle", partitions=200)
+            before = _scheduler_counters((await http.get("/metrics")).text)
+            await js.publish("idle", b"x", partition=7, timeout=DEADLINE_S)
+            after = before
+            async with asyncio.timeout(DEADLINE_S):
+                while after["runs:checkpoint"] == before["runs:checkpoint"]:
+                    await asyncio.sleep(0.05)
+                    after = _scheduler_counters((await http.get("/metrics")).text)
+    finally:
+        broker.stop()
+    assert {key: after[key] - before[key] for key in after if key.startswith("runs:")} == {
+        "runs:isr_tick": 0, "runs:fsync": 0, "runs:checkpoint": 1, "runs:retention": 0}
+    assert after["executor_calls"] - before["executor_calls"] == 1
+    # Woken when the checkpoint was scheduled, when it was due, and when its batch ended.
+    assert after["wakeups"] - before["wakeups"] <= 3

@@ -45,6 +45,11 @@ FORBIDDEN: dict[str, frozenset[str]] = {
         "uvicorn", "lmdb",
     }),
     "jetstream.server": frozenset({"jetstream.cli", "jetstream.cli_client"}),
+    # The scheduler's heap of due times: no IO, no clock (its shell is server.scheduler).
+    "jetstream.server.schedule": frozenset({
+        "jetstream.stream", "jetstream.isr", "jetstream.client", "jetstream.raft_meta",
+        "asyncio", "nats", "pysyncobj", "fastapi", "uvicorn", "lmdb", "time", "os",
+    }),
     # Bytes in, Arrow out: no files, no network (jetstream.spark.segment_reader does IO).
     "jetstream.spark.arrow_decode": frozenset({
         "jetstream.server", "jetstream.client", "jetstream.raft_meta", "jetstream.isr",

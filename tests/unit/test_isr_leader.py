@@ -4,6 +4,8 @@ committed ISR always holds every offset below the high watermark."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -400,6 +402,31 @@ def test_time_going_back_is_taken_as_the_newest_time_seen() -> None:
     assert leader.follower_state(2).last_caught_up_ms == 500
 
 
+def test_next_tick_is_when_a_member_would_start_to_lag() -> None:
+    leader = make(isr=(1, 2, 3), now=0)
+    assert leader.next_tick_ms() == LAG_MS + 1  # both were caught up at the start
+    leader.on_follower_fetch(3, 10, 300)
+    leader.on_follower_fetch(2, 10, 400)
+    assert leader.next_tick_ms() == 300 + LAG_MS + 1
+    assert leader.tick(300 + LAG_MS) == []
+    assert leader.tick(300 + LAG_MS + 1) == [ProposeIsr((1, 2), EPOCH, "shrink")]
+    # In flight: its outcome decides what comes next, not time.
+    assert leader.next_tick_ms() is None
+    assert leader.on_isr_committed((1, 2), EPOCH) == []
+    assert leader.next_tick_ms() == 400 + LAG_MS + 1
+
+
+def test_next_tick_without_followers_in_the_isr_or_while_held() -> None:
+    leader = make(isr=(1,), min_isr=1)
+    assert leader.next_tick_ms() is None  # time alone changes nothing
+    leader = make()
+    leader.on_follower_fetch(2, 10, 900)
+    assert leader.tick(1_001) == [ProposeIsr((1, 2), EPOCH, "shrink")]
+    leader.on_proposal_failed()
+    assert leader.next_tick_ms() == 1_001  # any tick ends the hold
+    assert leader.tick(1_100) == [ProposeIsr((1, 2), EPOCH, "shrink")]
+
+
 # -- stateful: invariants and safety under random schedules --------------------------------------
 
 
@@ -519,6 +546,23 @@ class LeaderMachine(RuleBasedStateMachine):
     def committed_isr_holds_everything_below_the_high_watermark(self) -> None:
         for replica in self.state.maximal_isr:
             assert self.leo_of(replica) >= self.state.high_watermark, replica
+
+    @invariant()
+    def next_tick_is_the_first_time_a_tick_decides_something(self) -> None:
+        """Before `next_tick_ms` a tick decides nothing (None: never, by time alone); at it,
+        it proposes a shrink, unless a refused proposal is held (then it is due at once)."""
+        due = self.state.next_tick_ms()
+        event("next tick: " + ("none" if due is None else "now" if due <= self.now
+                               else "when a member would lag"))
+        if due is None:
+            assert copy.deepcopy(self.state).tick(self.now + 100 * LAG_MS) == []
+        elif due <= self.now:
+            assert due == self.now and self.state.pending_isr is None
+        else:
+            for early in (self.now, due - 1):
+                assert copy.deepcopy(self.state).tick(early) == []
+            decisions = copy.deepcopy(self.state).tick(due)
+            assert [p.reason for p in proposals(decisions)] == ["shrink"]
 
     @invariant()
     def high_watermark_is_not_held_back(self) -> None:
