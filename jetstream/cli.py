@@ -140,6 +140,7 @@ def _server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     broker = Broker(config)
+    _dump_stacks_on_sigusr1()
 
     async def run() -> None:
         await broker.start()
@@ -157,6 +158,15 @@ def _server(args: argparse.Namespace) -> int:
 
     asyncio.run(run())
     return 0
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 PID` prints every thread's Python stack to stderr (the broker's log): what
+    a broker that seems stuck is doing, without stopping it."""
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _freeze_startup_objects() -> None:
