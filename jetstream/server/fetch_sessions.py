@@ -3,14 +3,15 @@
 Theory of operation (Kafka's KIP-227 incremental fetch sessions): a follower broker fetches
 every partition it follows here through one session (jetstream.protocol.replica_fetch).
 The session keeps, per partition, where the follower fetches from (offset, leader epoch,
-unfit, verify) and the high watermark it was last told. A request updates the entries it
-names (each one is a fetch of that partition: the ISR core hears of it,
-`PartitionLeader.follower_fetched`) and marks them dirty; a partition leader marks its key
-dirty in every session holding it when its records or its HW change (`changed`, called by
-the leader as it wakes its readers). A request is answered with the dirty partitions that
-have something to say (records at or past their offset, an HW not told yet, an error), and
-waits for one to turn up when none has: an idle pair of brokers exchanges one request per
-`max_wait_ms`, and the leader does work for the partitions that changed only.
+unfit, verify) and the high watermark and log start offset it was last told. A request
+updates the entries it names (each one is a fetch of that partition: the ISR core hears of
+it, `PartitionLeader.follower_fetched`) and marks them dirty; a partition leader marks its key
+dirty in every session holding it when its records, its HW or its log start change
+(`changed`, called by the leader as it wakes its readers and after retention). A request is
+answered with the dirty partitions that have something to say (records at or past their
+offset, an HW or a log start not told yet, an error), and waits for one to turn up when none
+has: an idle pair of brokers exchanges one request per `max_wait_ms`, and the leader does
+work for the partitions that changed only.
 
 A session names a partition only when its entry changes, so the ISR core of an idle
 partition would not hear of its followers: a leader asks `standing` before its ISR tick,
@@ -69,6 +70,7 @@ class _Entry:
     unfit: Unfit
     verify: bool
     hw_told: int = -1
+    log_start_told: int = -1
 
 
 class FetchSession:
@@ -226,13 +228,13 @@ class FetchSessions:
             assert leader is not None
             session.dirty.discard(key)
             length = 0 if piece is None else piece.length
-            hw = leader.high_watermark
-            if not length and hw == entry.hw_told:
+            hw, log_ = leader.high_watermark, leader.log
+            if not length and hw == entry.hw_told and \
+                    log_.log_start_offset == entry.log_start_told:
                 if piece is not None:
                     piece.close()
                 continue  # nothing to say
-            entry.hw_told = hw
-            log_ = leader.log
+            entry.hw_told, entry.log_start_told = hw, log_.log_start_offset
             answers.append(m.PartitionAnswer(
                 key[0], key[1], None, hw, log_.log_start_offset, log_.log_end_offset,
                 entry.offset if piece is None else piece.next_offset,

@@ -16,7 +16,8 @@ leader or the epoch changes.
    (byte-identical batches) and made durable through the stream's fsync policy before the
    next request, because the offset it names tells the leader that everything below it is
    held here. The follower's HW is min(leader HW, LEO), checkpointed every
-   `checkpoint_interval_ms` while it moves.
+   `checkpoint_interval_ms` while it moves. When the leader's log start passes this copy's
+   (its retention deleted segments), this copy applies its own retention below it.
 3. Fence: before each request the follower checks its epoch against the highest this broker
    recorded (`fence`, jetstream.isr.highest_epochs): it never asks or fetches below it. Its
    END_OFFSET_FOR_EPOCH requests carry its epoch, so a leader at another epoch refuses them.
@@ -39,6 +40,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from functools import partial
 from typing import Protocol
 
 from jetstream.client.connection import BrokerConnection
@@ -278,6 +280,14 @@ class PartitionFollower:
         if hw > self.high_watermark:
             self.high_watermark = hw
             self._wake_readers()
+        if answer.log_start_offset > self.log.log_start_offset:
+            # The leader's retention deleted segments: apply this copy's own retention,
+            # never past what the leader deleted nor at or past this copy's HW.
+            bound = min(answer.log_start_offset, self.high_watermark)
+            deleted = await asyncio.get_running_loop().run_in_executor(
+                self._executor, partial(self.log.apply_retention, max_offset=bound))
+            if deleted:
+                log.info("retention deleted %d segments of %s", len(deleted), self.name)
 
     @property
     def retry_wanted(self) -> bool:

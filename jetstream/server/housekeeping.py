@@ -59,6 +59,11 @@ class Leader(Protocol):
     @property
     def isr(self) -> LeaderState | None: ...
 
+    def log_start_moved(self) -> None:
+        """Retention deleted segments: followers learn the new log start (and apply their own
+        retention below it)."""
+        ...
+
 
 class Housekeeping:
     """One leader's background work (a scheduler Job); `tick` ticks its ISR core;
@@ -178,6 +183,7 @@ class Housekeeping:
         deleted, expires_in = outcome
         if deleted:
             log.info("retention deleted %d segments of %s", len(deleted), self.name)
+            self._leader.log_start_moved()
         if expires_in is not None:
             self._scheduler.at(self, Work.RETENTION,
                                now_ms + max(expires_in, self._retention_check_ms))

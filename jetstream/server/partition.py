@@ -650,6 +650,12 @@ class PartitionLeader:
         session waits for all its partitions at once)."""
         return await self._read_log(offset, max_bytes, self.log.log_end_offset, False, verify)
 
+    def log_start_moved(self) -> None:
+        """Retention deleted segments: followers fetching through sessions learn the new log
+        start with the next answer."""
+        if self._sessions is not None:
+            self._sessions.changed((self.stream.name, self.state.partition))
+
     @property
     def serving(self) -> bool:
         """Still leading: not stopping nor abdicating."""

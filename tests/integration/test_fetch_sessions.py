@@ -129,3 +129,33 @@ async def test_records_and_the_hw_reach_followers_through_the_session(
         finally:
             await conn.close()
     assert first_ack_s < 5.0, first_ack_s
+
+
+def segment_files(broker: BrokerProcess, stream: str) -> list[str]:
+    return sorted(p.name for p in (broker.data_dir / "logs" / f"{stream}-0").glob("*.log"))
+
+
+@pytest.fixture
+def retaining(tmp_path: Path, nats_url: str) -> Iterator[list[BrokerProcess]]:
+    with running_cluster(tmp_path, nats_url, (*TUNING, "--retention-check-ms", "100")
+                         ) as brokers:
+        yield brokers
+
+
+async def test_followers_apply_retention_once_the_leader_did(
+        retaining: list[BrokerProcess]) -> None:
+    brokers = retaining
+    async with jetstream.connect(",".join(b.address for b in brokers)) as js:
+        await js.create_stream("short", "short.x", replication_factor=3,
+                               segment_bytes_max=4096, retention_messages=100)
+        for i in range(400):
+            await js.publish("short.x", b"%04d" % i * 50, ack_policy="all")
+
+        async def every_replica_retained() -> bool | None:
+            starts = [segment_files(b, "short")[0] for b in brokers]
+            counts = [len(segment_files(b, "short")) for b in brokers]
+            # Every replica deleted its oldest segments, and keeps about as many as the
+            # leader (100 messages of 200 B in 4 KiB segments: ~5 sealed ones, plus one).
+            return True if all(s != f"{0:020d}.log" for s in starts) and \
+                max(counts) <= 8 else None
+        await eventually(every_replica_retained, "every replica applied retention")

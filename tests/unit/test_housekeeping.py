@@ -33,9 +33,13 @@ class Leader:
     isr: LeaderState | None = None
     name: str = "s/0"
     ticks: list[int] = field(default_factory=list)
+    log_starts_moved: int = 0
 
     async def tick(self, now_ms: int) -> None:
         self.ticks.append(now_ms)
+
+    def log_start_moved(self) -> None:
+        self.log_starts_moved += 1
 
 
 class Broker:
