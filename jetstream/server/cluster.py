@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import JetstreamError, MetadataUnavailable
+from jetstream.errors import (
+    JetstreamError,
+    MetadataUnavailable,
+    UnknownPartition,
+    UnknownStream,
+)
 from jetstream.isr.disk_full import FullDiskHandOver, LedPartition, successors
 from jetstream.isr.leader import ProposeIsr
 from jetstream.protocol import messages as m
@@ -142,8 +147,9 @@ class Cluster:
                 changes.append(ChangeLeader(p.stream, p.partition, p.leader_epoch, leader))
             outcomes = await self._change_leaders(changes)
             for outcome in outcomes:
-                if isinstance(outcome, PartitionState | StaleMetadataEpoch):
-                    continue  # done, or changed meanwhile: no longer this broker's old epoch
+                if isinstance(outcome, PartitionState | StaleMetadataEpoch | UnknownStream
+                              | UnknownPartition):
+                    continue  # done, or changed (or deleted) meanwhile: no old epoch left
                 if not isinstance(outcome, MetadataUnavailable):
                     raise outcome
             if any(isinstance(o, MetadataUnavailable) for o in outcomes):
