@@ -15,24 +15,28 @@ that order; a re-created stream has a larger `created_version` and supersedes th
 Marks of a stream the metadata no longer holds are forgotten (`retain_streams`), as its logs
 are deleted.
 
-The table is pure: `observe` decides and records in memory; the shell persists `serialize()`
-(fsync and atomic rename) before it acts on an accepted change.
+The table is pure: `observe` decides and records in memory, and remembers what changed since
+the shell last took the changes (`take_changes`); the shell makes them durable before it
+acts on an accepted change: appended to a journal (jetstream.isr.epoch_journal), and now and
+then the whole table rewritten with `serialize()` (fsync and atomic rename), so the bytes
+written per change do not grow with the number of partitions.
 
     File (text, UTF-8; stream names have no spaces):
-      line 1: "leader-epochs 1"
+      line 1: "leader-epochs 2 <generation>"   ("leader-epochs 1": generation 0, no journal)
       lines:  "<stream> <partition> <created_version> <leader_epoch>", sorted
       last:   "crc <crc32c of the previous lines, 8 hex digits>"
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import crc32c as _crc32c
 
 FILE_NAME = "leader-epochs"
-HEADER = "leader-epochs 1"
+HEADER = "leader-epochs 2"
+HEADER_V1 = "leader-epochs 1"
 
 #: (stream, partition)
 Key = tuple[str, int]
@@ -72,10 +76,15 @@ class Refused:
 
 Observation = Accepted | Refused
 
+#: One change of the table: the key's new mark, or None when it was forgotten.
+Change = tuple[Key, EpochMark | None]
+
 
 class HighestEpochs:
     def __init__(self, marks: Mapping[Key, EpochMark] | None = None) -> None:
         self._marks: dict[Key, EpochMark] = dict(marks or {})
+        #: What changed since `take_changes` (the last change of each key).
+        self._changes: dict[Key, EpochMark | None] = {}
 
     def __len__(self) -> int:
         return len(self._marks)
@@ -99,20 +108,41 @@ class HighestEpochs:
             return Refused(recorded)
         if recorded == mark:
             return Accepted(changed=False)
-        self._marks[key] = mark
+        self._marks[key] = self._changes[key] = mark
         return Accepted(changed=True)
 
     def retain_streams(self, streams: Collection[str]) -> bool:
         """Forget the marks of streams not in `streams` (deleted); True when any was."""
-        gone = [key for key in self._marks if key[0] not in streams]
-        for key in gone:
-            del self._marks[key]
-        return bool(gone)
+        return self.forget([key for key in self._marks if key[0] not in streams])
+
+    def forget(self, keys: Iterable[Key]) -> bool:
+        """Forget the marks of `keys` (their stream was deleted); True when any was held."""
+        forgotten = False
+        for key in keys:
+            if self._marks.pop(key, None) is not None:
+                self._changes[key] = None
+                forgotten = True
+        return forgotten
+
+    def apply(self, changes: Iterable[Change]) -> None:
+        """Replay changes read back from a journal (they are not changes to persist)."""
+        for key, mark in changes:
+            if mark is None:
+                self._marks.pop(key, None)
+            else:
+                self._marks[key] = mark
+
+    def take_changes(self) -> list[Change]:
+        """The changes since the last call, to persist; forgotten here."""
+        changes, self._changes = list(self._changes.items()), {}
+        return changes
 
     # -- persistence ----------------------------------------------------------------------------
 
-    def serialize(self) -> bytes:
-        body = HEADER + "\n" + "".join(
+    def serialize(self, generation: int = 0) -> bytes:
+        """The whole table; `generation` names the journal that may follow it."""
+        assert generation >= 0
+        body = f"{HEADER} {generation}\n" + "".join(
             f"{stream} {partition} {mark.created_version} {mark.leader_epoch}\n"
             for (stream, partition), mark in self)
         return (body + f"crc {_crc32c.crc32c(body.encode()):08x}\n").encode()
@@ -120,6 +150,11 @@ class HighestEpochs:
     @classmethod
     def parse(cls, data: bytes) -> HighestEpochs:
         """The table `serialize` wrote. Raises CorruptEpochFile."""
+        return cls.parse_generation(data)[0]
+
+    @classmethod
+    def parse_generation(cls, data: bytes) -> tuple[HighestEpochs, int]:
+        """The table `serialize` wrote, and its generation. Raises CorruptEpochFile."""
         try:
             text = data.decode()
         except UnicodeDecodeError:
@@ -134,8 +169,7 @@ class HighestEpochs:
             raise CorruptEpochFile(f"bad CRC line {lines[-2]!r}") from None
         if crc != _crc32c.crc32c(body.encode()):
             raise CorruptEpochFile("CRC mismatch")
-        if lines[0] != HEADER:
-            raise CorruptEpochFile(f"unknown header {lines[0]!r}")
+        generation = _generation(lines[0])
         marks: dict[Key, EpochMark] = {}
         for line in lines[1:-2]:
             parts = line.split(" ")
@@ -147,4 +181,13 @@ class HighestEpochs:
             if key in marks:
                 raise CorruptEpochFile(f"{key} recorded twice")
             marks[key] = EpochMark(int(parts[2]), int(parts[3]))
-        return cls(marks)
+        return cls(marks), generation
+
+
+def _generation(header: str) -> int:
+    if header == HEADER_V1:
+        return 0
+    number = header[len(HEADER) + 1:]
+    if not header.startswith(HEADER + " ") or not (number.isascii() and number.isdigit()):
+        raise CorruptEpochFile(f"unknown header {header!r}")
+    return int(number)

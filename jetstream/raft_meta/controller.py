@@ -10,6 +10,14 @@ committed record), never from outside it; the failed leader leaves the ISR. Deci
 `ChangeLeader` commands, compare-and-set on the epoch the reports were about, so a decision
 made on stale state is refused by the state machine rather than applied.
 
+Work per `decide` is proportional to what may have failed, not to the number of
+partitions: the partitions reported since the last call, those waiting for a live in-sync
+replica to take over (or for the metadata to reach a reported epoch), and those led by a
+broker not seen within `broker_timeout_ms` (an index of partitions by leader, rebuilt from
+the state only while some broker is gone and the state changed). With every broker alive
+and no report pending, nothing is examined. `examined` and `indexed` count the partitions
+looked at, for /metrics.
+
 Time comes in as `now_ms`; nothing here does IO.
 """
 
@@ -38,6 +46,16 @@ class FailoverController:
         self._last_seen: dict[int, int] = {}
         #: Partitions a decision was made for, by epoch: not decided twice.
         self._decided: dict[tuple[str, int], int] = {}
+        #: Partitions reported since the last decision round, and partitions to look at
+        #: again at the next one (bounded by REPORTS_MAX and the partitions of dead brokers).
+        self._reported: set[tuple[str, int]] = set()
+        self._waiting: set[tuple[str, int]] = set()
+        #: Partitions by leader, as of metadata version `_index_version` (-1: none).
+        self._index: dict[int, list[tuple[str, int]]] = {}
+        self._index_version = -1
+        #: Partitions examined by `decide`, and read while rebuilding the index.
+        self.examined = 0
+        self.indexed = 0
 
     def on_broker_seen(self, broker_id: int, now_ms: int) -> None:
         self._last_seen[broker_id] = now_ms
@@ -54,20 +72,51 @@ class FailoverController:
             reports = self._reports[key] = _Reports(leader_epoch)
         if reports.leader_epoch == leader_epoch:
             reports.reporters[reporter] = now_ms
+            if len(self._reported) < REPORTS_MAX:
+                self._reported.add(key)
 
     def decide(self, state: MetadataState, now_ms: int) -> list[ChangeLeader]:
         """Leader changes to propose now."""
+        keys = self._reported | self._waiting
+        self._reported = set()
+        dead = [b for b in state.brokers if not self._alive(b, now_ms)]
+        if dead:
+            led = self._led_by(state)
+            for broker in dead:
+                keys.update(led.get(broker, ()))
         decisions = []
-        for key, partition in state.partitions.items():
-            if self._decided.get(key) == partition.leader_epoch:
+        for key in sorted(keys):  # in a deterministic order
+            self.examined += 1
+            partition = state.partitions.get(key)
+            self._waiting.discard(key)
+            if partition is None or self._decided.get(key) == partition.leader_epoch:
                 continue
             if self._leader_failed(partition, now_ms):
                 new_leader = self.choose_leader(partition, now_ms)
-                if new_leader is not None:
-                    decisions.append(ChangeLeader(partition.stream, partition.partition,
-                                                  partition.leader_epoch, new_leader))
-                    self._decided[key] = partition.leader_epoch
+                if new_leader is None:
+                    self._waiting.add(key)  # no live ISR member yet: look again next time
+                    continue
+                decisions.append(ChangeLeader(partition.stream, partition.partition,
+                                              partition.leader_epoch, new_leader))
+                self._decided[key] = partition.leader_epoch
+            elif self._reported_ahead(partition, now_ms):
+                self._waiting.add(key)  # reports about an epoch the state has not reached
         return decisions
+
+    def _led_by(self, state: MetadataState) -> dict[int, list[tuple[str, int]]]:
+        """The partitions each broker leads in `state` (rebuilt when the state changed)."""
+        if self._index_version != state.version:
+            self._index.clear()
+            for key, partition in state.partitions.items():
+                self._index.setdefault(partition.leader, []).append(key)
+            self._index_version = state.version
+            self.indexed += len(state.partitions)
+        return self._index
+
+    def _reported_ahead(self, partition: PartitionState, now_ms: int) -> bool:
+        reports = self._reports.get((partition.stream, partition.partition))
+        return reports is not None and reports.leader_epoch > partition.leader_epoch and any(
+            now_ms - at <= self.report_window_ms for at in reports.reporters.values())
 
     def _leader_failed(self, partition: PartitionState, now_ms: int) -> bool:
         if not self._alive(partition.leader, now_ms):
@@ -103,7 +152,9 @@ class FailoverController:
         """A decision was not committed (no metadata majority, a timeout): decide again on
         the next call if the leader is still failed."""
         self._decided.pop((stream, partition), None)
+        self._waiting.add((stream, partition))
 
     def forget(self, stream: str, partition: int) -> None:
         self._reports.pop((stream, partition), None)
         self._decided.pop((stream, partition), None)
+        self._waiting.discard((stream, partition))

@@ -7,12 +7,20 @@ the same state — that is what lets the same class run behind a local file toda
 log (pysyncobj) in a cluster. Placement is part of `apply` for the same reason.
 
 Leader and ISR changes are compare-and-set on the partition's leader epoch: a command built
-from stale state is rejected instead of undoing a newer decision.
+from stale state is rejected instead of undoing a newer decision. `ChangeLeaders` and
+`ChangeIsrs` carry many such changes in one command (one Raft entry; Kafka's AlterPartition
+and batched elections): each item is compared and set on its own, and the result is one
+outcome per item, the new PartitionState or the error that refused it.
+
+Work per command is proportional to what it changes: the state keeps each broker's replica
+and leader counts (`replica_load`, `leader_load`), updated by create, delete and leader
+changes and rebuilt by `from_dict`, so placing a stream looks at its own partitions and the
+brokers, never at every existing partition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -87,7 +95,29 @@ class ChangeIsr:
     isr: tuple[int, ...]
 
 
-Command = RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeLeader | ChangeIsr
+#: Most items in one ChangeLeaders or ChangeIsrs (one Raft entry of a few hundred KiB at most).
+BATCH_ITEMS_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeLeaders:
+    """Many leader changes in one command; each is compare-and-set on its own epoch."""
+
+    items: tuple[ChangeLeader, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeIsrs:
+    """Many ISR changes in one command; each is compare-and-set on its own epoch."""
+
+    items: tuple[ChangeIsr, ...]
+
+
+#: The outcome of one item of a batch: the partition's new state, or why it was refused.
+ItemOutcome = PartitionState | JetstreamError
+
+Command = (RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeLeader | ChangeIsr
+           | ChangeLeaders | ChangeIsrs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +134,10 @@ class MetadataState:
         self.brokers: dict[int, BrokerInfo] = {}
         self.streams: dict[str, StreamConfig] = {}
         self.partitions: dict[tuple[str, int], PartitionState] = {}
+        #: Per broker: the partitions it holds a replica of, and those it leads (derived from
+        #: `partitions`, kept up to date by the handlers; placement reads them).
+        self.replica_load: dict[int, int] = {}
+        self.leader_load: dict[int, int] = {}
         #: How many commands were applied: a version clients and brokers compare.
         self.version = 0
 
@@ -131,11 +165,12 @@ class MetadataState:
             b: info for b, info in self.brokers.items() if b in command.live}
         if config.replication_factor > len(brokers):
             raise NotEnoughReplicas(config.replication_factor, len(brokers))
-        placed = place_partitions(config, brokers, self.partitions.values(),
+        placed = place_partitions(config, brokers, self.replica_load, self.leader_load,
                                   created_version=self.version)
         self.streams[config.name] = config
         for state in placed:
             self.partitions[(state.stream, state.partition)] = state
+            self._count(state, 1)
         return Created(config, tuple(placed), existed=False)
 
     def _apply_DeleteStream(self, command: DeleteStream) -> StreamConfig:
@@ -143,7 +178,7 @@ class MetadataState:
         if config is None:
             raise UnknownStream(command.name)
         for p in range(config.partitions):
-            del self.partitions[(command.name, p)]
+            self._count(self.partitions.pop((command.name, p)), -1)
         return config
 
     def _apply_UpdateStream(self, command: UpdateStream) -> StreamConfig:
@@ -165,6 +200,8 @@ class MetadataState:
         new = replace(state, leader=command.leader, isr=isr,
                       leader_epoch=state.leader_epoch + 1)
         self.partitions[(command.stream, command.partition)] = new
+        _add(self.leader_load, state.leader, -1)
+        _add(self.leader_load, new.leader, 1)
         return new
 
     def _apply_ChangeIsr(self, command: ChangeIsr) -> PartitionState:
@@ -177,6 +214,26 @@ class MetadataState:
         new = replace(state, isr=isr)
         self.partitions[(command.stream, command.partition)] = new
         return new
+
+    def _apply_ChangeLeaders(self, command: ChangeLeaders) -> tuple[ItemOutcome, ...]:
+        return tuple(self._item(self._apply_ChangeLeader, item) for item in command.items)
+
+    def _apply_ChangeIsrs(self, command: ChangeIsrs) -> tuple[ItemOutcome, ...]:
+        return tuple(self._item(self._apply_ChangeIsr, item) for item in command.items)
+
+    @staticmethod
+    def _item(handler: Any, item: ChangeLeader | ChangeIsr) -> ItemOutcome:
+        """One item of a batch: its handler refuses it (state unchanged) or applies it."""
+        try:
+            result: PartitionState = handler(item)
+        except JetstreamError as exc:
+            return exc
+        return result
+
+    def _count(self, state: PartitionState, sign: int) -> None:
+        for r in state.replicas:
+            _add(self.replica_load, r, sign)
+        _add(self.leader_load, state.leader, sign)
 
     def _current(self, stream: str, partition: int, expected_epoch: int) -> PartitionState:
         state = self.partitions.get((stream, partition))
@@ -225,21 +282,39 @@ class MetadataState:
         for p in data["partitions"]:
             part = PartitionState.from_dict(p)
             state.partitions[(part.stream, part.partition)] = part
+            state._count(part, 1)
         return state
 
 
-def place_partitions(config: StreamConfig, brokers: Mapping[int, BrokerInfo],
-                     existing: Any, *, created_version: int = 0) -> list[PartitionState]:
-    """Replicas go to the brokers holding the fewest replicas, leaders to the brokers leading
-    the fewest partitions; ties break by broker id, so placement is deterministic."""
-    replica_load = dict.fromkeys(brokers, 0)
-    leader_load = dict.fromkeys(brokers, 0)
-    for state in existing:
+def _add(counts: dict[int, int], broker: int, delta: int) -> None:
+    """Add `delta` to a broker's count; a count back at 0 is dropped (a recount has none)."""
+    value = counts.get(broker, 0) + delta
+    assert value >= 0, (broker, value)
+    if value:
+        counts[broker] = value
+    else:
+        counts.pop(broker, None)
+
+
+def recount(partitions: Iterable[PartitionState]) -> tuple[dict[int, int], dict[int, int]]:
+    """Each broker's replica and leader counts over `partitions` (what the state keeps)."""
+    replicas: dict[int, int] = {}
+    leaders: dict[int, int] = {}
+    for state in partitions:
         for r in state.replicas:
-            if r in replica_load:
-                replica_load[r] += 1
-        if state.leader in leader_load:
-            leader_load[state.leader] += 1
+            _add(replicas, r, 1)
+        _add(leaders, state.leader, 1)
+    return replicas, leaders
+
+
+def place_partitions(config: StreamConfig, brokers: Mapping[int, BrokerInfo],
+                     replicas_held: Mapping[int, int], partitions_led: Mapping[int, int], *,
+                     created_version: int = 0) -> list[PartitionState]:
+    """Replicas go to the brokers holding the fewest replicas, leaders to the brokers leading
+    the fewest partitions (`replicas_held`, `partitions_led`: the counts per broker so far);
+    ties break by broker id, so placement is deterministic."""
+    replica_load = {b: replicas_held.get(b, 0) for b in brokers}
+    leader_load = {b: partitions_led.get(b, 0) for b in brokers}
     placed = []
     for p in range(config.partitions):
         chosen = sorted(replica_load, key=lambda b: (replica_load[b], b))

@@ -92,7 +92,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jetstream.errors import InvalidConfig, JetstreamError, MetadataUnavailable, ProtocolError
+from jetstream.errors import InvalidConfig, JetstreamError, MetadataUnavailable
 from jetstream.raft_meta._pysyncobj import (
     FAIL_REASON,
     HAS_CRYPTO,
@@ -103,17 +103,9 @@ from jetstream.raft_meta._pysyncobj import (
     make_room_for,
     replicated,
 )
-from jetstream.raft_meta.fsm import (
-    ChangeIsr,
-    ChangeLeader,
-    Command,
-    CreateStream,
-    DeleteStream,
-    MetadataState,
-    RegisterBroker,
-    UpdateStream,
-)
-from jetstream.raft_meta.model import BrokerInfo, StreamConfig
+from jetstream.raft_meta.changes import StateRestored
+from jetstream.raft_meta.codec import decode_command, encode_command
+from jetstream.raft_meta.fsm import Command, MetadataState
 from jetstream.stream.reserve import DiskReserve
 
 log = logging.getLogger(__name__)
@@ -144,14 +136,6 @@ _REASONS = {
 }
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's _RAFT_STATE
 _PARTNER_KEY = "partner_node_status_server_"
-
-
-@dataclass(frozen=True, slots=True)
-class StateRestored:
-    """Not a command: what listeners receive (with result None) when the state was replaced
-    whole from a snapshot instead of command by command. Reconcile everything from `.state`."""
-
-    version: int
 
 
 Listener = Callable[[Command | StateRestored, Any], None]
@@ -207,56 +191,6 @@ class RaftSettings:
         check(self.propose_resend_ms > 0, "propose_resend_ms", "must be positive")
         check(self.snapshot_entries_min >= 2, "snapshot_entries_min", "must be at least 2")
         check(self.snapshot_interval_ms > 0, "snapshot_interval_ms", "must be positive")
-
-
-# -- commands as plain data --------------------------------------------------------------------
-# The Raft log and the dump hold plain data, not pickled Jetstream classes, so that renaming a
-# class or a module does not make an old journal unreadable.
-
-
-def encode_command(command: Command) -> dict[str, Any]:
-    """The plain-data form of a command (JSON-compatible)."""
-    match command:
-        case RegisterBroker(broker=broker):
-            return {"type": "RegisterBroker", "broker": broker.to_dict()}
-        case CreateStream(config=config, live=live):
-            return {"type": "CreateStream", "config": config.to_dict(),
-                    "live": None if live is None else list(live)}
-        case DeleteStream(name=name):
-            return {"type": "DeleteStream", "name": name}
-        case UpdateStream(name=name, changes=changes):
-            return {"type": "UpdateStream", "name": name, "changes": dict(changes)}
-        case ChangeLeader(stream=stream, partition=partition, expected_epoch=epoch,
-                          leader=leader):
-            return {"type": "ChangeLeader", "stream": stream, "partition": partition,
-                    "expected_epoch": epoch, "leader": leader}
-        case ChangeIsr(stream=stream, partition=partition, expected_epoch=epoch, isr=isr):
-            return {"type": "ChangeIsr", "stream": stream, "partition": partition,
-                    "expected_epoch": epoch, "isr": list(isr)}
-    raise TypeError(f"not a metadata command: {command!r}")
-
-
-def decode_command(data: Mapping[str, Any]) -> Command:
-    """The command `encode_command` encoded. Raises ProtocolError for an unknown type (a
-    newer broker's command: every broker of a group must know the same commands)."""
-    kind = data.get("type")
-    if kind == "RegisterBroker":
-        return RegisterBroker(BrokerInfo(**data["broker"]))
-    if kind == "CreateStream":
-        live = data.get("live")  # absent in journals written before it
-        return CreateStream(StreamConfig.from_dict(data["config"]),
-                            None if live is None else tuple(int(b) for b in live))
-    if kind == "DeleteStream":
-        return DeleteStream(data["name"])
-    if kind == "UpdateStream":
-        return UpdateStream(data["name"], dict(data["changes"]))
-    if kind == "ChangeLeader":
-        return ChangeLeader(data["stream"], data["partition"], data["expected_epoch"],
-                            data["leader"])
-    if kind == "ChangeIsr":
-        return ChangeIsr(data["stream"], data["partition"], data["expected_epoch"],
-                         tuple(data["isr"]))
-    raise ProtocolError(f"unknown metadata command type {kind!r}", field="type")
 
 
 def copy_state(state: MetadataState) -> MetadataState:

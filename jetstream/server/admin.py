@@ -209,6 +209,9 @@ class Admin:
         disk = self._disk.render_metrics() if self._disk is not None else []
         if self._files is not None:
             disk += self._files.render_metrics()
+        disk += self._roles.render_metrics()
+        if self._cluster is not None:
+            disk += self._cluster.render_metrics()
         return (render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
                 + "\n".join(self.integrity.render_metrics()) + "\n"
                 + "\n".join(self._roles.sessions.render_metrics()) + "\n"

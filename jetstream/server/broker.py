@@ -40,10 +40,11 @@ import nats
 
 from jetstream.natsd import NatsServer
 from jetstream.protocol import messages as m
+from jetstream.raft_meta.changes import StateRestored, touched
 from jetstream.raft_meta.fsm import Command, RegisterBroker
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import BrokerInfo
-from jetstream.raft_meta.raft import RaftMetadata, StateRestored
+from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.server.admin import Admin
 from jetstream.server.api import Dispatcher, on
 from jetstream.server.cleaner import CleanerService
@@ -95,6 +96,7 @@ class Broker:
         self._http: HttpServer | None = None
         self._broker_client: BrokerClient | None = None
         self._failover_task: asyncio.Task[None] | None = None
+        self._reconciling: asyncio.Task[None] | None = None
         self._disk = DiskMonitor(self.data_dir, config.disk_high_watermark_percent)
         self._disk_task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetstream-io")
@@ -307,21 +309,25 @@ class Broker:
         self._executor.shutdown(wait=True)
 
     def _on_metadata_change(self, command: Command | StateRestored, result: object) -> None:
-        if self._coordinators is not None:
-            self._coordinators.on_metadata_change()
+        change = touched(command, result)
+        if self._coordinators is not None and change.streams_changed:
+            self._coordinators.on_metadata_change(change)
         roles = self._roles
         if roles is None or not roles.enabled:
-            return
-        task = asyncio.get_running_loop().create_task(self._reconcile(roles))
-        task.add_done_callback(_log_failure)
+            return  # enabling reconciles everything
+        roles.changed(change)
+        if self._reconciling is None or self._reconciling.done():
+            self._reconciling = asyncio.get_running_loop().create_task(self._reconcile(roles))
+            self._reconciling.add_done_callback(_log_failure)
 
     async def _reconcile(self, roles: Roles) -> None:
-        """Reconcile the roles with the metadata; after a failure (an IO error half-way) try
+        """Reconcile the roles with the metadata while changes are pending (one task: the
+        changes applied meanwhile are coalesced); after a failure (an IO error half-way) try
         again, so a broker never stays in roles the metadata no longer gives it."""
-        while roles.enabled:
+        while roles.enabled and roles.pending:
             try:
                 await roles.reconcile()
-                return
+                continue
             except Exception:
                 log.exception("reconcile failed: again in %.1f s", RECONCILE_RETRY_S)
             await asyncio.sleep(RECONCILE_RETRY_S)

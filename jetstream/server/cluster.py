@@ -11,7 +11,12 @@ Failover is decided on the metadata leader's broker only: a FailoverController (
 every FAILOVER_TICK_MS with the brokers whose Raft connection is up (and this one), and with
 the reports of followers whose leader went silent (REPORT_LEADER_FAILURE, or a direct call
 when the reporter is this broker). Its ChangeLeader decisions are proposed in the background;
-the compare-and-set on the leader epoch makes a stale decision a harmless refusal. A broker
+the compare-and-set on the leader epoch makes a stale decision a harmless refusal.
+
+Leader and ISR changes go to the metadata in batches (jetstream.server.metadata_batches): the
+decisions of one failover tick, the partitions a starting or stopping broker hands over, and
+the ISR changes its partition leaders propose while an earlier batch is in flight each make
+one Raft entry, however many partitions they concern. A broker
 that loses metadata leadership drops its controller; the next one starts fresh (brokers never
 seen get a grace period of `broker_timeout_ms`).
 
@@ -33,15 +38,29 @@ from pathlib import Path
 from typing import Any
 
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import JetstreamError, MetadataUnavailable
+from jetstream.errors import (
+    JetstreamError,
+    MetadataUnavailable,
+    UnknownPartition,
+    UnknownStream,
+)
 from jetstream.isr.disk_full import FullDiskHandOver, LedPartition, successors
 from jetstream.isr.leader import ProposeIsr
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.controller import FailoverController
-from jetstream.raft_meta.fsm import ChangeIsr, ChangeLeader, RegisterBroker, StaleMetadataEpoch
+from jetstream.raft_meta.fsm import (
+    ChangeIsr,
+    ChangeIsrs,
+    ChangeLeader,
+    ChangeLeaders,
+    ItemOutcome,
+    RegisterBroker,
+    StaleMetadataEpoch,
+)
 from jetstream.raft_meta.model import BrokerInfo, PartitionState
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.server.config import BrokerConfig
+from jetstream.server.metadata_batches import Batch, Batcher
 from jetstream.stream.reserve import DiskReserve
 from jetstream.tasks import cancel_and_wait
 
@@ -78,6 +97,13 @@ class Cluster:
         self._controller: FailoverController | None = None
         self._full_disk = FullDiskHandOver(config.broker_id)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._isr_changes = Batcher[ChangeIsr]("isr", ChangeIsrs, self._propose_batch)
+        self._leader_changes = Batcher[ChangeLeader]("leader", ChangeLeaders,
+                                                     self._propose_batch)
+        #: Failover rounds run as the metadata leader, and the partitions they examined.
+        self.failover_ticks = 0
+        self.failover_examined = 0
+        self.failover_indexed = 0
 
     # -- start -----------------------------------------------------------------------------------
 
@@ -112,37 +138,49 @@ class Cluster:
             if not led:
                 return
             live = set(self.live_brokers())
+            changes = []
             for p in led:
                 others = [r for r in self._successors(p) if r in live]
                 leader = others[0] if others else self.broker_id
                 log.info("%s/%d: led at epoch %d before this start: handing it to broker %d "
                          "at the next epoch", p.stream, p.partition, p.leader_epoch, leader)
-                try:
-                    await self.metadata.propose(ChangeLeader(p.stream, p.partition,
-                                                             p.leader_epoch, leader))
-                except StaleMetadataEpoch:
-                    pass  # changed meanwhile: no longer this broker's old epoch
-                except MetadataUnavailable:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(RETRY_S)
+                changes.append(ChangeLeader(p.stream, p.partition, p.leader_epoch, leader))
+            outcomes = await self._change_leaders(changes)
+            for outcome in outcomes:
+                if isinstance(outcome, PartitionState | StaleMetadataEpoch | UnknownStream
+                              | UnknownPartition):
+                    continue  # done, or changed (or deleted) meanwhile: no old epoch left
+                if not isinstance(outcome, MetadataUnavailable):
+                    raise outcome
+            if any(isinstance(o, MetadataUnavailable) for o in outcomes):
+                if time.monotonic() > deadline:
+                    raise next(o for o in outcomes if isinstance(o, MetadataUnavailable))
+                await asyncio.sleep(RETRY_S)
 
     # -- ISR proposals ---------------------------------------------------------------------------
 
     async def propose_isr(self, stream: str, partition: int, decision: ProposeIsr) -> bool | None:
-        """True: committed; False: refused (never applied); None: outcome unknown."""
-        try:
-            await self.metadata.propose(ChangeIsr(stream, partition, decision.expected_epoch,
-                                                  decision.isr))
-        except StaleMetadataEpoch:
+        """True: committed; False: refused (never applied); None: outcome unknown. Proposed
+        in a batch with the other partitions' changes (see the module docstring)."""
+        outcome = await self._isr_changes.submit(
+            ChangeIsr(stream, partition, decision.expected_epoch, decision.isr))
+        if isinstance(outcome, PartitionState):
+            return True
+        if isinstance(outcome, StaleMetadataEpoch):
             return False
-        except MetadataUnavailable as exc:
-            log.warning("ISR change of %s/%d: %s", stream, partition, exc)
+        if isinstance(outcome, MetadataUnavailable):
+            log.warning("ISR change of %s/%d: %s", stream, partition, outcome)
             return None
-        except JetstreamError as exc:
-            log.warning("ISR change of %s/%d refused: %s", stream, partition, exc)
-            return False
-        return True
+        log.warning("ISR change of %s/%d refused: %s", stream, partition, outcome)
+        return False
+
+    async def _propose_batch(self, batch: Batch) -> tuple[ItemOutcome, ...]:
+        outcomes: tuple[ItemOutcome, ...] = await self.metadata.propose(batch)
+        return outcomes
+
+    async def _change_leaders(self, changes: list[ChangeLeader]) -> list[ItemOutcome]:
+        """Propose the leader changes (in batches); each one's outcome."""
+        return list(await asyncio.gather(*(self._leader_changes.submit(c) for c in changes)))
 
     # -- failover --------------------------------------------------------------------------------
 
@@ -157,8 +195,13 @@ class Cluster:
             now = now_ms()
             for broker in self.live_brokers():
                 controller.on_broker_seen(broker, now)
-            for decision in controller.decide(self.metadata.state, now):
-                self._spawn(self._propose_leader(decision))
+            examined, indexed = controller.examined, controller.indexed
+            decisions = controller.decide(self.metadata.state, now)
+            self.failover_ticks += 1
+            self.failover_examined += controller.examined - examined
+            self.failover_indexed += controller.indexed - indexed
+            if decisions:  # one proposal for the round (jetstream.server.metadata_batches)
+                self._spawn(self._propose_leaders(decisions))
 
     def _controller_now(self) -> FailoverController:
         if self._controller is None:
@@ -167,15 +210,17 @@ class Cluster:
                 broker_timeout_ms=self.config.broker_timeout_ms)
         return self._controller
 
-    async def _propose_leader(self, decision: ChangeLeader) -> None:
-        log.info("failover: %s/%d at epoch %d -> leader %d", decision.stream,
-                 decision.partition, decision.expected_epoch, decision.leader)
-        try:
-            await self.metadata.propose(decision)
-        except StaleMetadataEpoch:
-            pass  # someone else changed the partition first: nothing left to decide
-        except JetstreamError as exc:
-            log.warning("leader change %s not committed: %s", decision, exc)
+    async def _propose_leaders(self, decisions: list[ChangeLeader]) -> None:
+        for decision in decisions:
+            log.info("failover: %s/%d at epoch %d -> leader %d", decision.stream,
+                     decision.partition, decision.expected_epoch, decision.leader)
+        outcomes = await self._change_leaders(decisions)
+        for decision, outcome in zip(decisions, outcomes, strict=True):
+            # A StaleMetadataEpoch: someone else changed the partition first, nothing left
+            # to decide.
+            if isinstance(outcome, PartitionState | StaleMetadataEpoch):
+                continue
+            log.warning("leader change %s not committed: %s", decision, outcome)
             if self._controller is not None:
                 self._controller.retry(decision.stream, decision.partition)
 
@@ -242,14 +287,16 @@ class Cluster:
 
     async def hand_over(self, led: list[tuple[str, int]]) -> None:
         """Move the leadership of each partition in `led` to an in-sync follower."""
+        changes = []
         for stream, partition in led:
             state = self.metadata.state.partitions.get((stream, partition))
             if state is None or state.leader != self.broker_id:
                 continue
             candidates = self._successors(state)
             if candidates:
-                await self._hand_over_one(ChangeLeader(stream, partition, state.leader_epoch,
-                                                       candidates[0]))
+                changes.append(ChangeLeader(stream, partition, state.leader_epoch,
+                                            candidates[0]))
+        await asyncio.gather(*(self._hand_over_one(change) for change in changes))
 
     def hand_over_from_full_disk(self, led: list[LedPartition]) -> None:
         """The data disk is full: hand the partitions in `led` (led here) to in-sync
@@ -262,10 +309,10 @@ class Cluster:
                 decision.stream, decision.partition, decision.leader_epoch, decision.leader)))
 
     async def _hand_over_one(self, change: ChangeLeader) -> None:
-        try:
-            await self.metadata.propose(change)
-        except JetstreamError as exc:
-            log.warning("hand-over of %s/%d failed: %s", change.stream, change.partition, exc)
+        outcome = await self._leader_changes.submit(change)
+        if isinstance(outcome, JetstreamError):
+            log.warning("hand-over of %s/%d failed: %s", change.stream, change.partition,
+                        outcome)
 
     async def hand_over_to(self, stream: str, partition: int,
                            successors: tuple[int, ...]) -> None:
@@ -287,8 +334,35 @@ class Cluster:
         return successors(state.replicas, state.isr, self.broker_id)
 
     async def close(self) -> None:
+        await self._isr_changes.close()
+        await self._leader_changes.close()
         await cancel_and_wait(*self._tasks)
         await self.metadata.close()
+
+    def render_metrics(self) -> list[str]:
+        """Prometheus lines: the metadata batches proposed, the failover rounds and the
+        partitions they examined."""
+        lines = []
+        for name, kind, text in (
+                ("batches_total", "counter",
+                 "Leader or ISR change proposals (one Raft entry each), by kind."),
+                ("batch_items_total", "counter", "Partitions changed by the batches."),
+                ("batch_items_max", "gauge", "Partitions in the largest batch.")):
+            lines += [f"# HELP jetstream_metadata_{name} {text}",
+                      f"# TYPE jetstream_metadata_{name} {kind}"]
+            for batcher in (self._isr_changes, self._leader_changes):
+                lines.append(f'jetstream_metadata_{name}{{kind="{batcher.kind}"}} '
+                             f"{batcher.metrics.value(name)}")
+        for name, value, text in (
+                ("ticks", self.failover_ticks, "Failover rounds run as the metadata leader."),
+                ("partitions_examined", self.failover_examined,
+                 "Partitions the failover rounds examined."),
+                ("partitions_indexed", self.failover_indexed,
+                 "Partitions read to index them by leader (while a broker is gone).")):
+            lines += [f"# HELP jetstream_failover_{name}_total {text}",
+                      f"# TYPE jetstream_failover_{name}_total counter",
+                      f"jetstream_failover_{name}_total {value}"]
+        return lines
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

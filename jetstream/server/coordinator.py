@@ -59,6 +59,7 @@ from jetstream.offsets.records import CommittedOffset, StoredGroup, StreamPartit
 from jetstream.protocol import messages as m
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.protocol.names import parse_selector
+from jetstream.raft_meta.changes import Touched
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.server.config import BrokerConfig
@@ -123,7 +124,8 @@ class Coordinators:
         self._executor = executor
         self._partitions: dict[int, PartitionGroups] = {}
         self._task: asyncio.Task[None] | None = None
-        self._topology_of: tuple[object, dict[str, int]] = (None, {})
+        #: Stream -> partition count (None: to build from the metadata).
+        self._topology_map: dict[str, int] | None = None
         self._metadata_changed = True
         self._next_retention_ms = 0
 
@@ -136,7 +138,20 @@ class Coordinators:
         for pg in list(self._partitions.values()):
             await self._drop(pg)
 
-    def on_metadata_change(self) -> None:
+    def on_metadata_change(self, change: Touched) -> None:
+        """Streams were created or deleted (`change`): partition counts and stream versions
+        changed. Leader and ISR changes do not concern the groups: the broker does not pass
+        them on."""
+        topology, streams = self._topology_map, self._metadata.state.streams
+        if change.everything:
+            self._topology_map = None
+        elif topology is not None:
+            for name in {stream for stream, _ in change.keys}:
+                config = streams.get(name)
+                if config is None or rec.is_internal(name):
+                    topology.pop(name, None)
+                else:
+                    topology[name] = config.partitions
         self._metadata_changed = True
 
     # -- partitions and groups ------------------------------------------------------------------
@@ -232,12 +247,13 @@ class Coordinators:
     # -- the view of the metadata ---------------------------------------------------------------
 
     def _topology(self) -> dict[str, int]:
-        """Stream -> partition count, for the assignor (cached per metadata state)."""
-        state = self._metadata.state
-        if self._topology_of[0] is not state:
-            self._topology_of = (state, {name: c.partitions for name, c in state.streams.items()
-                                         if not rec.is_internal(name)})
-        return self._topology_of[1]
+        """Stream -> partition count, for the assignor (built once, then kept up to date
+        stream by stream by `on_metadata_change`)."""
+        if self._topology_map is None:
+            self._topology_map = {name: c.partitions for name, c in
+                                  self._metadata.state.streams.items()
+                                  if not rec.is_internal(name)}
+        return self._topology_map
 
     def _stream_version(self, sp: StreamPartition) -> int:
         """The version of the stream `sp` belongs to; raises UnknownStream/UnknownPartition."""
@@ -485,9 +501,9 @@ class Coordinators:
         for p, pg in list(self._partitions.items()):
             if self._roles.leaders.get((rec.OFFSETS_STREAM, p)) is not pg.leader:
                 await self._drop(pg)
-        for stream, p in list(self._roles.leaders):
-            if stream == rec.OFFSETS_STREAM:
-                self._held(p)
+        offsets = self._offsets.existing
+        for p in range(offsets.partitions if offsets is not None else 0):
+            self._held(p)  # this broker's partitions of __offsets, not every leader's
         metadata_changed, self._metadata_changed = self._metadata_changed, False
         retention_due = now_ms() >= self._next_retention_ms
         if retention_due:

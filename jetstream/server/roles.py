@@ -9,11 +9,21 @@ leader epoch or stream version changed is replaced (a deposed leader abdicates a
 follower on the same open log); an ISR change at the same epoch is passed to the leader.
 New roles are admitted through the epoch fence (jetstream.server.epoch_fence) first.
 
+Work in proportion to what changed: a reconcile looks only at the partitions the metadata
+changed since the last one. The broker passes each applied command to `changed`
+(jetstream.raft_meta.changes maps it to the partitions it touched); they accumulate in a
+dirty set until the next reconcile takes them, so commands applied while a reconcile runs
+are coalesced into the next one. A create, a delete or an ISR change thus costs work for its
+own partitions, not for every stream. Everything is reconciled when roles are enabled
+(start-up), when the state was restored whole from a snapshot, and when a broker registers
+(rare).
+
 Logs: each partition with a role has one open Log, kept across role changes. A log whose
 stream is gone is deleted (with its directory); one left by an earlier stream of the same
 name (deleted and created again while this broker was away) is emptied when opened: each log
 directory names its stream's `created_version`. Directories of partitions this broker holds
-no more are removed.
+no more are removed: the whole logs directory is listed at a full reconcile, a changed
+partition's own directory otherwise.
 
 Roles are taken only while `enabled` (from the end of start-up until stopping), and
 reconciling holds a lock, so a stop never races a reconcile half-way through.
@@ -33,6 +43,7 @@ from typing import Any
 from jetstream.errors import FencedLeaderEpoch, NotLeader, UnknownPartition, UnknownStream
 from jetstream.isr.disk_full import LedPartition
 from jetstream.isr.leader import ProposeIsr
+from jetstream.raft_meta.changes import EVERYTHING, Dirty, Touched
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.raft_meta.raft import RaftMetadata
@@ -66,6 +77,14 @@ def stream_version_marker(created_version: int) -> bytes:
 def _no_address(broker_id: int) -> str | None:
     """One broker knows no other."""
     return None
+
+
+@dataclass(slots=True)
+class ReconcileMetrics:
+    reconciles: int = 0
+    full: int = 0
+    #: Partitions looked at, all reconciles together.
+    partitions_examined: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +124,8 @@ class Roles:
         #: The created_version of the stream each open log belongs to.
         self._log_versions: dict[PartitionKey, int] = {}
         self._lock = asyncio.Lock()
+        self._dirty = Dirty()
+        self.metrics = ReconcileMetrics()
         self.enabled = False
         #: Set by the broker (jetstream.server.integrity): what leaders do about damage a
         #: read meets, and whom followers tell of damage their reads found.
@@ -117,8 +138,9 @@ class Roles:
             config, cluster.address_of if cluster is not None else _no_address, disk)
 
     async def enable(self) -> None:
-        """Take roles from now on, and reconcile."""
+        """Take roles from now on, and reconcile everything."""
         self.enabled = True
+        self._dirty.add(EVERYTHING)
         await self.reconcile()
 
     async def disable(self) -> None:
@@ -126,36 +148,75 @@ class Roles:
         async with self._lock:
             self.enabled = False
 
+    def changed(self, change: Touched) -> None:
+        """The metadata changed what `change` names: the next `reconcile` looks at it."""
+        self._dirty.add(change)
+
+    @property
+    def pending(self) -> bool:
+        """Changes wait for a reconcile."""
+        return bool(self._dirty)
+
     async def reconcile(self) -> None:
-        """Start or stop partition roles to match the metadata (idempotent)."""
+        """Start or stop the roles of the partitions changed since the last reconcile to
+        match the metadata (idempotent). On failure they stay dirty, for the next attempt."""
         async with self._lock:
-            if not self.enabled:
+            if not self.enabled or not self._dirty:
                 return
-            state = self._metadata.state
-            me = self._config.broker_id
-            clustered = self._cluster is not None
-            wanted = {key: p for key, p in state.partitions.items()
-                      if p.leader == me or (clustered and me in p.replicas)}
-            await self._retire(wanted)
-            await self._apply_configs(state.streams)
-            for key in list(self._logs):
-                p = wanted.get(key)
-                if p is None or p.created_version != self._log_versions[key]:
-                    log_ = self._logs.pop(key)
-                    del self._log_versions[key]
-                    if p is None and key[0] in state.streams:
-                        log_.close()
-                    else:
-                        log_.delete()  # its stream is gone (and maybe created again)
-            held = self.leaders.keys() | self.followers.keys()
-            admitted = await self.fence.admit(state.streams, wanted, held)
-            for key, partition in admitted.items():
-                if partition.leader == me:
-                    await self._start_leader(state.streams[key[0]], partition)
+            change = self._dirty.take()
+            try:
+                await self._reconcile(change)
+            except BaseException:
+                self._dirty.add(change)
+                raise
+
+    async def _reconcile(self, change: Touched) -> None:
+        state = self._metadata.state
+        me = self._config.broker_id
+        clustered = self._cluster is not None
+        if change.everything:
+            keys = sorted(state.partitions.keys() | self._logs.keys() | self.leaders.keys()
+                          | self.followers.keys())
+        else:
+            keys = sorted(change.keys)
+        self.metrics.reconciles += 1
+        self.metrics.full += change.everything
+        self.metrics.partitions_examined += len(keys)
+        wanted = {}
+        for key in keys:
+            p = state.partitions.get(key)
+            if p is not None and (p.leader == me or (clustered and me in p.replicas)):
+                wanted[key] = p
+        await self._retire(keys, wanted)
+        await self._apply_configs(keys, state.streams)
+        for key in keys:
+            log_ = self._logs.get(key)
+            if log_ is None:
+                continue
+            p = wanted.get(key)
+            if p is None or p.created_version != self._log_versions[key]:
+                del self._logs[key], self._log_versions[key]
+                if p is None and key[0] in state.streams:
+                    log_.close()
                 else:
-                    await self._start_follower(state.streams[key[0]], partition)
-            kept = wanted if clustered else state.partitions
-            self._delete_orphan_logs({f"{s}-{p}" for s, p in kept})
+                    log_.delete()  # its stream is gone (and maybe created again)
+        held = {key for key in wanted if key in self.leaders or key in self.followers}
+        admitted = await self.fence.admit(
+            wanted, held, unwanted=[k for k in keys if k not in wanted],
+            gone=[k for k in keys if k[0] not in state.streams],
+            streams=state.streams.keys() if change.everything else None)
+        for key, partition in admitted.items():
+            if partition.leader == me:
+                await self._start_leader(state.streams[key[0]], partition)
+            else:
+                await self._start_follower(state.streams[key[0]], partition)
+        kept = wanted.keys() if clustered else state.partitions.keys()
+        if change.everything:
+            self._delete_orphan_logs({f"{name}-{p}" for name, p in kept})
+        else:
+            for key in keys:
+                if key not in kept:
+                    self._delete_log_dir(f"{key[0]}-{key[1]}")
 
     async def stop_all(self) -> None:
         """Stop every role and close every log (the broker is stopping)."""
@@ -264,11 +325,15 @@ class Roles:
 
     # -- starting and stopping roles --------------------------------------------------------
 
-    async def _retire(self, wanted: dict[PartitionKey, PartitionState]) -> None:
-        """Stop the roles the metadata no longer gives this broker as they are; pass ISR
-        changes on to the leaders that stay."""
+    async def _retire(self, keys: list[PartitionKey],
+                      wanted: dict[PartitionKey, PartitionState]) -> None:
+        """Stop the roles of `keys` the metadata no longer gives this broker as they are;
+        pass ISR changes on to the leaders that stay."""
         me = self._config.broker_id
-        for key, leader in list(self.leaders.items()):
+        for key in keys:
+            leader = self.leaders.get(key)
+            if leader is None:
+                continue
             p = wanted.get(key)
             if p is None or p.created_version != leader.state.created_version:
                 await self._stop_leader(key)  # deleted (and maybe created again)
@@ -276,7 +341,10 @@ class Roles:
                 await self._stop_leader(key, abdicate=True)
             elif p != leader.state:
                 leader.on_metadata(p)
-        for key, follower in list(self.followers.items()):
+        for key in keys:
+            follower = self.followers.get(key)
+            if follower is None:
+                continue
             p = wanted.get(key)
             if p is None or (p.leader, p.leader_epoch, p.created_version) != (
                     follower.state.leader, follower.state.leader_epoch,
@@ -285,13 +353,15 @@ class Roles:
             else:
                 follower.state = p
 
-    async def _apply_configs(self, streams: Mapping[str, StreamConfig]) -> None:
-        """Give open logs and running roles their stream's current config (after an
-        update). A leader whose fsync policy changed is restarted at the same epoch: its
-        sync loop follows the policy it started with."""
-        for key, log_ in self._logs.items():
+    async def _apply_configs(self, keys: list[PartitionKey],
+                             streams: Mapping[str, StreamConfig]) -> None:
+        """Give the open logs and running roles of `keys` their stream's current config
+        (after an update). A leader whose fsync policy changed is restarted at the same
+        epoch: its sync loop follows the policy it started with."""
+        for key in keys:
+            log_ = self._logs.get(key)
             stream = streams.get(key[0])
-            if stream is None:
+            if log_ is None or stream is None:
                 continue
             wanted = stream.log_config()
             if wanted != log_.config:
@@ -299,9 +369,10 @@ class Roles:
             follower = self.followers.get(key)
             if follower is not None:
                 follower.stream = stream
-        for key, leader in list(self.leaders.items()):
+        for key in keys:
+            leader = self.leaders.get(key)
             stream = streams.get(key[0])
-            if stream is None or stream == leader.stream:
+            if leader is None or stream is None or stream == leader.stream:
                 continue
             if (stream.fsync, stream.fsync_interval_ms) != (leader.stream.fsync,
                                                             leader.stream.fsync_interval_ms):
@@ -385,3 +456,22 @@ class Roles:
         for path in logs.iterdir():
             if path.is_dir() and path.name not in kept:
                 shutil.rmtree(path, ignore_errors=True)
+
+    def _delete_log_dir(self, name: str) -> None:
+        """Remove the log directory `name` of a partition this broker holds no more."""
+        path = self._data_dir / "logs" / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+
+    def render_metrics(self) -> list[str]:
+        m = self.metrics
+        lines = []
+        for name, value, text in (
+                ("reconciles", m.reconciles, "Reconciles of the roles with the metadata."),
+                ("full_reconciles", m.full, "Reconciles that looked at every partition."),
+                ("reconcile_partitions_examined", m.partitions_examined,
+                 "Partitions the reconciles looked at.")):
+            lines += [f"# HELP jetstream_roles_{name}_total {text}",
+                      f"# TYPE jetstream_roles_{name}_total counter",
+                      f"jetstream_roles_{name}_total {value}"]
+        return lines + self.fence.render_metrics()

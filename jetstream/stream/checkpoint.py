@@ -39,20 +39,30 @@ def write_atomic(path: Path, data: bytes) -> None:
     (a thread and the event loop) each use a temporary file of their own, so neither replaces
     the other's half-written one; the last to finish wins. Recovery removes `*.tmp` leftovers."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_fsynced(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), data)
     except OSError:
         tmp.unlink(missing_ok=True)  # a full disk: leave no half-written file behind
         raise
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def append_fsynced(path: Path, data: bytes) -> None:
+    """Append `data` to the existing file `path` and fsync it. A crash may leave a prefix of
+    `data` at the end (a torn tail): the file's format must tell it apart."""
+    _write_fsynced(os.open(path, os.O_WRONLY | os.O_APPEND), data)
+
+
+def _write_fsynced(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd`, fsync, close."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_atomic_if_room(path: Path, data: bytes) -> bool:

@@ -58,10 +58,11 @@ def test_fault(tmp_path: Path, fault: str) -> None:
 
 def test_random_mix(tmp_path: Path) -> None:
     """A minute of random faults on two partitions with fsync `interval` (acks still wait for
-    the ISR: replication, not fsync, keeps them)."""
+    the ISR: replication, not fsync, keeps them), beside 200 idle R3 streams: each fault moves
+    hundreds of leaderships and ISRs at once through the metadata."""
     seed = int(os.environ.get("JETSTREAM_FAULT_SEED", "11"))
     result = run_mix(tmp_path, seconds=60, seed=seed, fsync=FsyncPolicy.INTERVAL,
-                     partitions=2)
+                     partitions=2, idle_streams=200)
     assert_safe(result)
     assert result["fault_cycles"] >= 3
 

@@ -22,10 +22,11 @@ import jetstream
 from jetstream.client import routing as client_module
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas, NotLeader
-from jetstream.isr import highest_epochs
+from jetstream.isr import epoch_journal, highest_epochs
 from jetstream.isr.highest_epochs import HighestEpochs
 from jetstream.natsd import free_ports
 from jetstream.protocol import messages as m
+from jetstream.server.epoch_fence import load_epochs
 from jetstream.server.process import BrokerProcess
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.format import StoredRecord, decode_batches
@@ -323,11 +324,11 @@ async def test_no_role_below_the_highest_epoch_recorded(cluster: list[BrokerProc
     assert (await roles(fenced))["role"] == "follower"
     assert fenced.stop() == 0
     # As if its metadata journal lost entries it had acted on: it saw epoch 2 already.
-    path = fenced.data_dir / highest_epochs.FILE_NAME
-    recorded = HighestEpochs.parse(path.read_bytes()).highest((STREAM, 0))
+    recorded = load_epochs(fenced.data_dir).table.highest((STREAM, 0))
     assert recorded is not None and recorded.leader_epoch == 0
-    write_atomic(path, HighestEpochs({(STREAM, 0): replace(recorded, leader_epoch=2)})
-                 .serialize())
+    write_atomic(fenced.data_dir / highest_epochs.FILE_NAME,
+                 HighestEpochs({(STREAM, 0): replace(recorded, leader_epoch=2)}).serialize())
+    (fenced.data_dir / epoch_journal.FILE_NAME).unlink()
     fenced.start()
     # Ready means it has reconciled with the caught-up metadata (epoch 0): no role.
     assert await roles(fenced) == {"stream": STREAM, "partition": 0, "role": "fenced",
@@ -352,7 +353,7 @@ async def test_no_role_below_the_highest_epoch_recorded(cluster: list[BrokerProc
     assert (at_2["leader"], at_2["leader_epoch"]) == (first.broker_id, 2)
     assert await roles(fenced) == {"stream": STREAM, "partition": 0, "role": "follower",
                                    "leader_epoch": 2}
-    assert HighestEpochs.parse(path.read_bytes()).highest((STREAM, 0)) == replace(
+    assert load_epochs(fenced.data_dir).table.highest((STREAM, 0)) == replace(
         recorded, leader_epoch=2)
     await publish_acked(cluster, [b"c"])
     await eventually(lambda: _full_isr(first), "a full ISR after the last publish")

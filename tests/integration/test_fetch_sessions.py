@@ -34,13 +34,13 @@ def cluster(tmp_path: Path, nats_url: str) -> Iterator[list[BrokerProcess]]:
 
 
 async def metrics(broker: BrokerProcess) -> dict[str, float]:
-    """The broker's unlabelled metrics."""
+    """The broker's metrics, a labelled sample by its name and labels (`name{a="b"}`)."""
     async with httpx.AsyncClient(base_url=broker.http_url, timeout=10) as http:
         text = (await http.get("/metrics")).text
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, value = line.split()
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
 

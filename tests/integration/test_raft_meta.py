@@ -17,6 +17,8 @@ import pytest
 
 from jetstream.errors import MetadataUnavailable, StreamExists
 from jetstream.natsd import free_ports
+from jetstream.raft_meta.changes import StateRestored
+from jetstream.raft_meta.codec import encode_command
 from jetstream.raft_meta.fsm import (
     ChangeLeader,
     Command,
@@ -27,12 +29,7 @@ from jetstream.raft_meta.fsm import (
     StaleMetadataEpoch,
 )
 from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
-from jetstream.raft_meta.raft import (
-    DUMP_FILE,
-    RaftMetadata,
-    StateRestored,
-    encode_command,
-)
+from jetstream.raft_meta.raft import DUMP_FILE, RaftMetadata
 
 ELECTION_DEADLINE_S = 5.0
 FAILOVER_DEADLINE_S = 8.0

@@ -6,6 +6,7 @@ from jetstream.raft_meta.controller import FailoverController
 from jetstream.raft_meta.fsm import (
     ChangeIsr,
     ChangeLeader,
+    ChangeLeaders,
     CreateStream,
     MetadataState,
     RegisterBroker,
@@ -109,3 +110,64 @@ def test_a_decision_that_was_not_committed_is_made_again_after_retry() -> None:
     assert c.decide(state, 10_100) == []
     c.retry("s", 0)  # the proposal timed out: no metadata majority
     assert c.decide(state, 10_200) == [first]
+
+
+def many_streams(streams: int) -> MetadataState:
+    state = cluster()
+    for i in range(streams):
+        state.apply(CreateStream(StreamConfig(f"idle-{i}", f"idle.{i}", replication_factor=3,
+                                              min_isr=2)))
+    return state
+
+
+def test_work_per_decision_does_not_grow_with_the_partitions() -> None:
+    state = many_streams(1000)
+    c = controller(state)
+    for now in range(0, 2000, 200):  # everyone alive, nothing reported: nothing examined
+        assert c.decide(state, now) == []
+    assert (c.examined, c.indexed) == (0, 0)
+    p = state.partition("idle-7", 0)
+    for follower in (b for b in p.isr if b != p.leader):
+        c.on_report("idle-7", 0, p.leader_epoch, follower, 2000)
+    (decision,) = c.decide(state, 2000)
+    assert (decision.stream, decision.partition) == ("idle-7", 0)
+    assert (c.examined, c.indexed) == (1, 0)
+    assert c.decide(state, 2200) == [] and c.examined == 1
+
+
+def test_a_dead_broker_costs_an_index_of_the_partitions_once_per_state() -> None:
+    state = many_streams(300)
+    c = controller(state)
+    gone = 1
+    now = BROKER_TIMEOUT_MS + 1
+    for broker in state.brokers:
+        if broker != gone:
+            c.on_broker_seen(broker, now)
+    decisions = c.decide(state, now)
+    led = [p for p in state.partitions.values() if p.leader == gone]
+    assert sorted((d.stream, d.partition) for d in decisions) == sorted(
+        (p.stream, p.partition) for p in led)
+    assert c.examined == len(led) and c.indexed == len(state.partitions)
+    assert c.decide(state, now + 200) == []  # decided once per epoch; the index is kept
+    assert c.indexed == len(state.partitions)
+    state.apply(ChangeLeaders(tuple(decisions)))
+    for broker in state.brokers:
+        if broker != gone:
+            c.on_broker_seen(broker, now + 400)
+    assert c.decide(state, now + 400) == []  # a new state: indexed again, nothing left
+    assert c.indexed == 2 * len(state.partitions)
+
+
+def test_reports_about_an_epoch_the_state_has_not_reached_wait_for_it() -> None:
+    state = cluster()
+    p = state.partition("s", 0)
+    c = controller(state)
+    followers = [b for b in p.isr if b != p.leader]
+    new_leader = followers[0]
+    ahead = state.apply(ChangeLeader("s", 0, p.leader_epoch, new_leader))
+    behind = cluster()  # the metadata leader has not applied the change yet
+    for follower in [b for b in ahead.isr if b != ahead.leader]:
+        c.on_report("s", 0, ahead.leader_epoch, follower, 100)
+    assert c.decide(behind, 100) == []
+    (decision,) = c.decide(state, 200)  # looked at again once the state caught up
+    assert decision.expected_epoch == ahead.leader_epoch

@@ -56,9 +56,31 @@ def test_retain_streams_forgets_deleted_streams() -> None:
 
 def test_serialized_form_is_declared_text_with_a_crc() -> None:
     table = HighestEpochs({("orders", 1): EpochMark(4, 2), ("orders", 0): EpochMark(4, 9)})
-    lines = table.serialize().decode().splitlines()
-    assert lines[:3] == ["leader-epochs 1", "orders 0 4 9", "orders 1 4 2"]
+    lines = table.serialize(7).decode().splitlines()
+    assert lines[:3] == ["leader-epochs 2 7", "orders 0 4 9", "orders 1 4 2"]
     assert lines[3].startswith("crc ") and len(lines) == 4
+    assert HighestEpochs.parse_generation(table.serialize(7))[1] == 7
+
+
+def test_a_file_of_the_first_format_reads_as_generation_0() -> None:
+    import crc32c
+
+    body = "leader-epochs 1\norders 0 4 9\n"
+    data = (body + f"crc {crc32c.crc32c(body.encode()):08x}\n").encode()
+    table, generation = HighestEpochs.parse_generation(data)
+    assert (list(table), generation) == ([(("orders", 0), EpochMark(4, 9))], 0)
+
+
+def test_changes_are_remembered_until_taken() -> None:
+    table = HighestEpochs({("a", 0): EpochMark(1, 2), ("b", 0): EpochMark(3, 4)})
+    assert table.take_changes() == []  # what it was built with is not a change
+    table.observe(("a", 0), EpochMark(1, 3))
+    table.observe(("a", 0), EpochMark(1, 5))  # the last change of a key is what counts
+    table.observe(("b", 0), EpochMark(3, 4))  # no change
+    assert table.forget([("b", 0), ("c", 0)]) is True
+    assert table.take_changes() == [(("a", 0), EpochMark(1, 5)), (("b", 0), None)]
+    assert table.take_changes() == []
+    assert table.forget([("b", 0)]) is False
 
 
 names = st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True)
@@ -94,7 +116,8 @@ def test_every_flipped_byte_is_detected() -> None:
 def test_well_formed_but_bad_entries_are_refused() -> None:
     import crc32c
 
-    for body in ("leader-epochs 2\n", "leader-epochs 1\norders 0 1\n",
+    for body in ("leader-epochs 2\n", "leader-epochs 3 1\n", "leader-epochs 2 x\n",
+                 "leader-epochs 1\norders 0 1\n",
                  "leader-epochs 1\norders 0 1 -2\n", "leader-epochs 1\norders 0 1 ²\n",
                  "leader-epochs 1\norders 0 1 2\norders 0 1 3\n"):
         data = (body + f"crc {crc32c.crc32c(body.encode()):08x}\n").encode()

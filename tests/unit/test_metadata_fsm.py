@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jetstream.errors import (
     InvalidStreamConfig,
+    JetstreamError,
     NotEnoughReplicas,
     StreamExists,
     UnknownPartition,
     UnknownStream,
 )
 from jetstream.raft_meta.fsm import (
+    BATCH_ITEMS_MAX,
     ChangeIsr,
+    ChangeIsrs,
     ChangeLeader,
+    ChangeLeaders,
     CreateStream,
     DeleteStream,
     MetadataState,
     RegisterBroker,
     StaleMetadataEpoch,
     UpdateStream,
+    recount,
 )
-from jetstream.raft_meta.model import BrokerInfo, StreamConfig
+from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
 
 
 def cluster(n: int) -> MetadataState:
@@ -212,7 +221,118 @@ def test_compact_streams_keep_old_segments_from_retention() -> None:
 
 
 def test_update_command_round_trips_through_the_raft_encoding() -> None:
-    from jetstream.raft_meta.raft import decode_command, encode_command
+    from jetstream.raft_meta.codec import decode_command, encode_command
 
     command = UpdateStream("s", {"retention_ms": None, "cleanup_policy": "compact"})
     assert decode_command(json.loads(json.dumps(encode_command(command)))) == command
+
+
+# -- batches of leader and ISR changes ---------------------------------------------------------
+
+
+def test_a_batch_applies_each_item_on_its_own_epoch() -> None:
+    state = cluster(3)
+    state.apply(CreateStream(StreamConfig("s", "s.*", partitions=3, replication_factor=3,
+                                          min_isr=2)))
+    p0, p1, p2 = state.stream_partitions("s")
+    other = next(r for r in p0.replicas if r != p0.leader)
+    version = state.version
+    outcomes = state.apply(ChangeLeaders((
+        ChangeLeader("s", 0, 0, other),
+        ChangeLeader("s", 1, 7, p1.leader),  # stale
+        ChangeLeader("s", 2, 0, 99),  # not in the ISR
+        ChangeLeader("nope", 0, 0, 1))))
+    assert state.version == version + 1  # one command
+    moved, stale, invalid, unknown = outcomes
+    assert moved == state.partition("s", 0) and moved.leader == other
+    assert isinstance(stale, StaleMetadataEpoch) and stale.fields["current_epoch"] == 0
+    assert isinstance(invalid, InvalidStreamConfig) and isinstance(unknown, UnknownStream)
+    assert state.stream_partitions("s")[1:] == (p1, p2)  # refused items changed nothing
+    shrunk = state.apply(ChangeIsrs((ChangeIsr("s", 1, 0, (p1.leader,)),
+                                     ChangeIsr("s", 0, 0, (other,)))))
+    assert shrunk[0] == state.partition("s", 1) and shrunk[0].isr == (p1.leader,)
+    assert isinstance(shrunk[1], StaleMetadataEpoch)  # partition 0 is at epoch 1 now
+
+
+def test_batches_round_trip_through_the_raft_encoding() -> None:
+    from jetstream.errors import ProtocolError
+    from jetstream.raft_meta.codec import decode_command, encode_command
+
+    for command in (ChangeLeaders((ChangeLeader("a", 0, 1, 2), ChangeLeader("b", 3, 0, 1))),
+                    ChangeIsrs((ChangeIsr("a", 0, 1, (1, 2)),)), ChangeIsrs(())):
+        assert decode_command(json.loads(json.dumps(encode_command(command)))) == command
+    mixed = encode_command(ChangeLeaders((ChangeLeader("a", 0, 1, 2),)))
+    mixed["items"].append(encode_command(ChangeIsr("a", 0, 1, (1,))))
+    with pytest.raises(ProtocolError):
+        decode_command(mixed)
+    too_many = encode_command(ChangeIsrs((ChangeIsr("a", 0, 1, (1,)),) * (BATCH_ITEMS_MAX + 1)))
+    with pytest.raises(ProtocolError):
+        decode_command(too_many)
+
+
+# -- load counters ---------------------------------------------------------------------------
+
+commands = st.lists(st.one_of(
+    st.tuples(st.just("create"), st.integers(0, 7), st.integers(1, 4), st.integers(1, 3),
+              st.sets(st.integers(0, 4), min_size=1)),
+    st.tuples(st.just("delete"), st.integers(0, 7)),
+    st.tuples(st.just("leader"), st.integers(0, 7), st.integers(0, 3), st.integers(0, 4)),
+    st.tuples(st.just("isr"), st.integers(0, 7), st.integers(0, 3), st.integers(0, 4)),
+), max_size=40)
+
+
+def old_placement(state: MetadataState, config: StreamConfig,
+                  live: tuple[int, ...]) -> list[PartitionState]:
+    """Placement as it was computed before the counters: a count over every partition."""
+    brokers = sorted(b for b in state.brokers if b in live)
+    replica_load, leader_load = dict.fromkeys(brokers, 0), dict.fromkeys(brokers, 0)
+    for existing in state.partitions.values():
+        for r in existing.replicas:
+            if r in replica_load:
+                replica_load[r] += 1
+        if existing.leader in leader_load:
+            leader_load[existing.leader] += 1
+    placed = []
+    for p in range(config.partitions):
+        replicas = tuple(sorted(replica_load, key=lambda b: (replica_load[b], b))[
+            :config.replication_factor])
+        leader = min(replicas, key=lambda b: (leader_load[b], b))
+        for r in replicas:
+            replica_load[r] += 1
+        leader_load[leader] += 1
+        placed.append(PartitionState(config.name, p, (leader, *(r for r in replicas
+                                                                 if r != leader)),
+                                     leader, tuple(sorted(replicas)), 0, state.version))
+    return placed
+
+
+@settings(max_examples=200, deadline=None)
+@given(commands)
+def test_load_counters_always_equal_a_recount(steps: list[tuple[Any, ...]]) -> None:
+    state = cluster(5)
+    for step in steps:
+        name = f"s{step[1]}"
+        with contextlib.suppress(JetstreamError):
+            if step[0] == "create":
+                _, _, partitions, factor, live = step
+                config = StreamConfig(name, f"{name}.*", partitions=partitions,
+                                      replication_factor=factor, min_isr=1)
+                expected = old_placement(state, config, tuple(sorted(live)))
+                created = state.apply(CreateStream(config, tuple(sorted(live))))
+                if not created.existed:  # the same placement as a recount gives
+                    assert list(created.partitions) == expected
+            elif step[0] == "delete":
+                state.apply(DeleteStream(name))
+            else:
+                _, _, partition, broker = step
+                p = state.partition(name, partition)
+                if step[0] == "leader":
+                    state.apply(ChangeLeaders((ChangeLeader(name, partition, p.leader_epoch,
+                                                            broker),)))
+                else:
+                    state.apply(ChangeIsr(name, partition, p.leader_epoch,
+                                          (p.leader, broker)))
+        assert (state.replica_load, state.leader_load) == recount(state.partitions.values())
+    restored = MetadataState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert (restored.replica_load, restored.leader_load) == (state.replica_load,
+                                                             state.leader_load)
