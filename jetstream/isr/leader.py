@@ -263,24 +263,25 @@ class LeaderState:
         return self._decide()
 
     def on_follower_standing(self, replica_id: int, fetch_offset: int, fetched_ms: int
-                             ) -> list[Decision]:
+                             ) -> None:
         """Follower `replica_id` still fetches at `fetch_offset`, as its fetch session last
         said at `fetched_ms` (a fetch session names a partition only when its offset changes,
         so a follower of an idle partition says nothing of it). Caught up at `fetched_ms`
         when `fetch_offset` reaches the leader's LEO: the LEO never goes back at a leader, so
         it was no greater then. An offset other than the one it last fetched at, or a time
-        older than what is known, changes nothing."""
+        older than what is known, changes nothing. Decides nothing: tell every follower's
+        standing, then `tick` (deciding after the first alone would find the others lagging
+        only because they were not told yet)."""
         follower = self._follower(replica_id)
         if follower.log_end_offset != fetch_offset or fetch_offset < self._log_end_offset:
-            return []
+            return
         if fetched_ms <= (follower.last_fetch_ms or -1):
-            return []
+            return
         self._advance_clock(fetched_ms)  # a moment of the same clock, past or present
         follower.last_caught_up_ms = max(follower.last_caught_up_ms or fetched_ms, fetched_ms)
         follower.last_fetch_ms = max(follower.last_fetch_ms or fetched_ms, fetched_ms)
         follower.prev_fetch_leader_leo = self._log_end_offset
         follower.prev_fetch_ms = follower.last_fetch_ms
-        return self._decide()
 
     def on_isr_committed(self, isr: tuple[int, ...], leader_epoch: int) -> list[Decision]:
         """The metadata committed `isr` at `leader_epoch`, proposed by this leader or not."""

@@ -539,8 +539,8 @@ class PartitionLeader:
         """Tick the ISR core (the scheduler calls it when the core said a tick is due), once
         it heard where the followers of this partition stand in their fetch sessions."""
         assert self.isr is not None
-        standing = self._refresh_standing()
-        await self._apply(standing + self.isr.tick(now))
+        self._refresh_standing()  # every follower first, then one decision
+        await self._apply(self.isr.tick(now))
 
     async def _advance_high_watermark(self, hw: int, acks: list[tuple[str, bytes]]) -> None:
         assert self.log.log_start_offset <= hw <= self.log.log_end_offset
@@ -661,19 +661,17 @@ class PartitionLeader:
         """Still leading: not stopping nor abdicating."""
         return not self._stopping
 
-    def _refresh_standing(self) -> list[Decision]:
+    def _refresh_standing(self) -> None:
         """Tell the ISR core where the followers of this partition stand in their fetch
         sessions: a session names a partition only when its offset changes, so followers of
         an idle partition would otherwise seem to have stopped fetching."""
         assert self.isr is not None
         if self._sessions is None:
-            return []
-        decisions: list[Decision] = []
+            return
         for replica_id, offset, fetched_ms in self._sessions.standing(
                 (self.stream.name, self.state.partition)):
             with contextlib.suppress(ValueError):  # not a follower of this partition
-                decisions += self.isr.on_follower_standing(replica_id, offset, fetched_ms)
-        return decisions
+                self.isr.on_follower_standing(replica_id, offset, fetched_ms)
 
 
 def _log_task_failure(task: asyncio.Task[None]) -> None:

@@ -238,10 +238,22 @@ def test_a_follower_standing_at_the_log_end_in_its_session_stays_caught_up() -> 
     leader.on_follower_fetch(2, 10, 100)
     leader.on_follower_fetch(3, 10, 100)
     for now in range(1_000, 10_000, 900):
-        assert leader.on_follower_standing(2, 10, now) == []
-        assert leader.on_follower_standing(3, 10, now) == []
+        leader.on_follower_standing(2, 10, now)
+        leader.on_follower_standing(3, 10, now)
         assert leader.tick(now + 50) == []
     assert leader.follower_state(2).last_caught_up_ms == 9_100
+
+
+def test_standings_told_one_by_one_decide_nothing_until_the_tick() -> None:
+    # Deciding after the first follower's standing would find the second lagging only
+    # because its own standing was not told yet: a shrink, and an expansion right after.
+    leader = make(isr=(1, 2, 3))
+    leader.on_follower_fetch(2, 10, 100)
+    leader.on_follower_fetch(3, 10, 100)
+    leader.on_follower_standing(2, 10, 5_000)
+    assert leader.isr == (1, 2, 3) and leader.pending_isr is None
+    leader.on_follower_standing(3, 10, 5_000)
+    assert leader.tick(5_001) == []
 
 
 def test_a_standing_that_does_not_prove_caught_up_changes_nothing() -> None:
@@ -249,12 +261,12 @@ def test_a_standing_that_does_not_prove_caught_up_changes_nothing() -> None:
     leader.on_follower_fetch(2, 10, 100)
     leader.on_follower_fetch(3, 7, 100)  # behind the LEO 10
     # An offset behind the LEO, or other than the last one fetched at, proves nothing.
-    assert leader.on_follower_standing(3, 7, 900) == []
-    assert leader.on_follower_standing(2, 9, 900) == []
+    leader.on_follower_standing(3, 7, 900)
+    leader.on_follower_standing(2, 9, 900)
     assert leader.follower_state(3).last_caught_up_ms in (None, 0)
     assert leader.follower_state(2).last_caught_up_ms == 100
-    # An old session (its broker gone) says nothing newer: the follower is removed.
-    assert leader.on_follower_standing(2, 10, 50) == []
+    # An old session (its broker gone) says nothing newer: both are removed.
+    leader.on_follower_standing(2, 10, 50)
     assert proposals(leader.tick(1_101)) == [ProposeIsr((1,), EPOCH, "shrink")]
 
 
