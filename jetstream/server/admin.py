@@ -93,6 +93,9 @@ class Admin:
             live = await self._cluster.wait_live(config.replication_factor)
         result = await self._metadata.propose(CreateStream(config, live))
         await self._roles.reconcile()
+        if self._cluster is not None:
+            # A publish right after the create must find every partition's leader serving.
+            await self._cluster.wait_served(config.name, self._roles.led_here)
         return not result.existed
 
     async def delete_stream(self, name: str) -> None:

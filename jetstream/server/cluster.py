@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,9 @@ READY_TIMEOUT_S = 120.0
 RETRY_S = 0.2
 REPORT_TIMEOUT_S = 2.0
 LIVE_POLL_S = 0.05
+#: How long a create waits for every partition's leader broker to serve it.
+SERVED_WAIT_S = 10.0
+SERVED_POLL_S = 0.05
 
 
 def now_ms() -> int:
@@ -259,6 +262,59 @@ class Cluster:
         finally:
             await conn.close()
         return True
+
+    async def wait_served(self, stream: str, led_here: Callable[[str, int], bool],
+                          timeout_s: float = SERVED_WAIT_S) -> bool:
+        """Until every partition of `stream` is served by the broker the metadata names its
+        leader (its leader role runs there: subscribed to NATS, answering fetches), so that
+        a publish right after a create finds it; False when `timeout_s` passed first. Other
+        brokers are asked with METADATA (a leader describes its partitions' offsets)."""
+        deadline = time.monotonic() + timeout_s
+        conns: dict[int, BrokerConnection] = {}
+        try:
+            while True:
+                waiting = await self._unserved(stream, led_here, conns)
+                if not waiting:
+                    return True
+                if time.monotonic() > deadline:
+                    log.warning("%s: partitions %s not served by their leaders within %.0f s",
+                                stream, sorted(waiting)[:10], timeout_s)
+                    return False
+                await asyncio.sleep(SERVED_POLL_S)
+        finally:
+            for conn in conns.values():
+                await conn.close()
+
+    async def _unserved(self, stream: str, led_here: Callable[[str, int], bool],
+                        conns: dict[int, BrokerConnection]) -> set[int]:
+        by_leader: dict[int, set[int]] = {}
+        for p in self.metadata.state.stream_partitions(stream):
+            if not (p.leader == self.broker_id and led_here(stream, p.partition)):
+                by_leader.setdefault(p.leader, set()).add(p.partition)
+        waiting: set[int] = set()
+        for leader, partitions in by_leader.items():
+            if leader == self.broker_id:
+                waiting |= partitions
+                continue
+            try:
+                conn = conns.get(leader)
+                if conn is None or conn.closed:
+                    address = self.address_of(leader)
+                    if address is None:
+                        raise OSError(f"address of broker {leader} unknown")
+                    conn = conns[leader] = BrokerConnection(
+                        address, client_id=f"broker-{self.broker_id}",
+                        connect_timeout_s=REPORT_TIMEOUT_S, request_timeout_s=REPORT_TIMEOUT_S)
+                    await conn.open()
+                answer = await conn.request(m.MetadataRequest([stream]))
+                assert isinstance(answer, m.MetadataResponse)
+                served = {entry["partition"] for described in answer.streams
+                          for entry in described.get("partitions", [])
+                          if entry.get("leader") == leader and "high_watermark" in entry}
+                waiting |= partitions - served
+            except (JetstreamError, OSError):
+                waiting |= partitions
+        return waiting
 
     def live_brokers(self) -> tuple[int, ...]:
         """This broker and those whose metadata Raft connection to it is up."""

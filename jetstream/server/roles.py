@@ -259,6 +259,10 @@ class Roles:
             if stream is not None and role is not None:
                 yield key, stream, log_, role.high_watermark
 
+    def led_here(self, stream: str, partition: int) -> bool:
+        """This broker runs the partition's leader role."""
+        return (stream, partition) in self.leaders
+
     def touch_follower(self, key: PartitionKey) -> None:
         """The follower of `key` here may have more to tell its leader (damage found or
         healed): its fetch session names it with the next request."""

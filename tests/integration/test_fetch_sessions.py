@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import jetstream
-from jetstream.client import Client
+from jetstream.client import Client, PublishMessage
 from jetstream.client.connection import BrokerConnection
 from jetstream.protocol import messages as m
 from jetstream.server.process import BrokerProcess
@@ -159,3 +159,15 @@ async def test_followers_apply_retention_once_the_leader_did(
             return True if all(s != f"{0:020d}.log" for s in starts) and \
                 max(counts) <= 8 else None
         await eventually(every_replica_retained, "every replica applied retention")
+
+
+async def test_every_partition_is_served_when_its_create_returns(
+        cluster: list[BrokerProcess]) -> None:
+    """A create returns once each partition's leader broker serves it: a publish to any of
+    them right after is acked, never NO_STREAM_FOR_SUBJECT (a leader not subscribed yet)."""
+    brokers = cluster
+    async with jetstream.connect(",".join(b.address for b in brokers)) as js:
+        await js.create_stream("wide", "wide", partitions=200, replication_factor=3)
+        acks = await js.publish_batch([PublishMessage("wide", b"x", partition=p)
+                                       for p in range(200)])
+    assert sorted(ack.partition for ack in acks) == list(range(200))
