@@ -183,9 +183,15 @@ def bench_main(name: str, doc: str | None, argv: Sequence[str] | None,
     results = asyncio.run(run(args.quick))
     print(table(results))
     if not args.quick:
-        RESULTS_DIR.mkdir(exist_ok=True)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        (RESULTS_DIR / f"{name}-{stamp}.json").write_text(json.dumps(results, indent=1))
+        write_results(name, results)
     if args.json:
         print(json.dumps(results))
     return 0
+
+
+def write_results(name: str, results: JsonObject) -> Path:
+    """`results` as bench/results/<name>-<UTC time>.json; its path."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(results, indent=1))
+    return path
