@@ -302,7 +302,7 @@ def table(r: JsonObject) -> str:
 
 def plot(r: JsonObject, path: Path) -> str:
     """Idle CPU and create p99 against N, ours beside JetStream, as a PNG at `path`; what
-    was done. matplotlib is optional (not a dependency of the project)."""
+    was done. matplotlib comes with the dev extras (`make install-dev`)."""
     try:
         pyplot: Any = importlib.import_module("matplotlib.pyplot")
     except ImportError:
