@@ -110,15 +110,23 @@ from bench.scale_systems import (
 )
 from jetstream.natsd import NatsServer
 from jetstream.server.config import BrokerConfig
+from jetstream.server.files import budget as files_budget
 
 QUICK_COUNTS = (100, 1000)
 FULL_COUNTS = (100, 1000, 3000)
 IDLE_S_QUICK, IDLE_S_FULL = 10.0, 20.0
 IDLE_SLICES = 5
-#: Fds a broker may hold beside its segment files (`open_files_max`): NATS, Raft and
-#: socket API connections, the Raft journal, LMDB, listeners. An assumption of this bench.
+#: Fds a broker may hold beside its partition files (`open_files_max`): NATS, Raft and
+#: socket API connections, the Raft journal, listeners. An assumption of this bench.
 FD_SOCKET_ALLOWANCE = 256
-FD_BUDGET_DEFAULT = BrokerConfig().open_files_max + FD_SOCKET_ALLOWANCE
+
+
+def fd_budget_default() -> int:
+    """The partition-file budget the brokers size for themselves (open_files_max, 0: a share
+    of the open-file limit, which a broker raises to its hard limit: the one they inherit
+    from this process), plus FD_SOCKET_ALLOWANCE."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return files_budget(hard, BrokerConfig().open_files_max) + FD_SOCKET_ALLOWANCE
 POLL_S = 0.05
 PROBE_PAUSE_RATIO = 9.0
 
@@ -405,16 +413,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="partition counts, comma-separated (default "
                              f"{','.join(map(str, FULL_COUNTS))})")
     parser.add_argument("--idle-s", type=float, default=None, help="idle window, seconds")
-    parser.add_argument("--fd-budget", type=int, default=FD_BUDGET_DEFAULT,
-                        help="most fds a broker may hold (default: open_files_max + "
-                             f"{FD_SOCKET_ALLOWANCE})")
+    parser.add_argument("--fd-budget", type=int, default=None,
+                        help="most fds a broker may hold (default: the brokers' partition-"
+                             f"file budget + {FD_SOCKET_ALLOWANCE})")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     counts = args.counts or (QUICK_COUNTS if args.quick else FULL_COUNTS)
     idle_s = args.idle_s or (IDLE_S_QUICK if args.quick else IDLE_S_FULL)
     mode = "counts" if args.counts else "quick" if args.quick else "full"
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    results = asyncio.run(sweep(counts, idle_s, args.fd_budget, mode, work))
+    fd_budget = args.fd_budget if args.fd_budget is not None else fd_budget_default()
+    results = asyncio.run(sweep(counts, idle_s, fd_budget, mode, work))
     if failures(results["runs"]):
         print(f"a run failed; its processes' logs are kept in {work}", file=sys.stderr)
     else:
