@@ -10,8 +10,9 @@ watermark, and the async shells in jetstream.server carry the decisions out):
   recovery, checkpoints and the metadata. It is fit again once an append succeeded with the
   disk below the watermark, or, when a fetch brought nothing to append, once the disk is
   below it; the leader then adds it back when it has caught up (its usual expansion rule).
-  While the leader already knows it is full, it fetches only once per disk check: what it
-  gets it could not keep.
+  While it is full, its fetch session names its partitions again only as the disk changes
+  or after a failed append (jetstream.server.replica_fetcher): what it would get it could
+  not keep.
 - A leader on a full disk (`FullDiskHandOver`) moves each partition it leads to the first
   in-sync follower, in replica order, that has not said it is unfit (`successors`), so
   that publishing goes on there. At most once per leader epoch, and only when there is
@@ -53,11 +54,6 @@ class FollowerDisk:
             self._append_failed = not appended
         elif not disk_full:
             self._append_failed = False
-
-    def paced(self, said: str, disk_full: bool) -> bool:
-        """Wait a disk check before the next fetch: the fetch just made said "disk_full"
-        (`said`), so the leader knows, and this replica still is."""
-        return said == "disk_full" and self.unfit(disk_full) == "disk_full"
 
 
 def successors(replicas: Iterable[int], isr: Iterable[int], me: int,

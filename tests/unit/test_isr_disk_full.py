@@ -43,16 +43,6 @@ def test_a_failed_append_keeps_a_follower_unfit_until_one_succeeds(
     assert disk.unfit(False) == unfit
 
 
-def test_a_full_follower_fetches_at_once_until_its_leader_knows_then_once_per_check() -> None:
-    disk = FollowerDisk()
-    assert not disk.paced("", True)  # this fetch did not say so: the next one must, at once
-    assert disk.paced("disk_full", True)
-    assert not disk.paced("disk_full", False)  # room again: fetch at once to catch up
-    assert not disk.paced("corrupt", True)  # another reason: not this module's to pace
-    disk.after_fetch(False, False)
-    assert disk.paced("disk_full", False)
-
-
 def test_successors_are_in_sync_fit_others_in_replica_order() -> None:
     assert successors((3, 1, 2), (1, 2, 3), ME) == [3, 2]
     assert successors((3, 1, 2), (1, 2), ME) == [2]
