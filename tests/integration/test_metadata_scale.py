@@ -72,6 +72,10 @@ async def test_a_create_costs_the_same_whatever_the_streams(
         await create(js, FEW + WINDOW, 3 * FEW - FEW - WINDOW)
         await all_in_sync(js, 3 * FEW)
         many = await per_create(js, brokers, 3 * FEW)
+        ran = (await totals(brokers))["jetstream_failover_ticks_total"]
+    # The controller ran all along (a round every 200 ms on the metadata leader), so its
+    # zero partitions examined below is not a controller that never looked.
+    assert ran > 0
     print(f"\n[metadata scale] per create with {FEW} streams: {few}")
     print(f"[metadata scale] per create with {3 * FEW} streams: {many}")
     for cost in (few, many):
@@ -83,7 +87,6 @@ async def test_a_create_costs_the_same_whatever_the_streams(
         assert cost["jetstream_epoch_fence_bytes_written_total"] <= 3 * 2 * 40, cost
         assert cost["jetstream_failover_partitions_examined_total"] == 0, cost
         assert cost["jetstream_failover_partitions_indexed_total"] == 0, cost
-        assert cost["jetstream_failover_ticks_total"] > 0, cost  # the controller did run
     for name in COUNTERS[:2]:
         assert many[name] <= few[name] * 1.25 + 1, (name, few[name], many[name])
 
