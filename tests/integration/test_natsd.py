@@ -48,7 +48,10 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
     """(address, port) of every TCP socket that process `pid` listens on (IPv4 and IPv6)."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
-        target = os.readlink(fd)
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:
+            continue  # closed since the listing (a connection ended): not a listener's
         if target.startswith("socket:["):
             inodes.add(target[len("socket:["):-1])
     found = set()
