@@ -46,7 +46,9 @@ from jetstream.errors import (
 )
 from jetstream.isr.leader import Unfit, as_unfit
 from jetstream.protocol import messages as m
+from jetstream.protocol.frames import U32_MAX
 from jetstream.server.partition import PartitionLeader
+from jetstream.server.scheduler import monotonic_ms
 from jetstream.stream.file_slice import FileSlice
 
 log = logging.getLogger(__name__)
@@ -56,11 +58,6 @@ PartitionKey = tuple[str, int]
 SESSIONS_MAX = 256
 #: Most partitions one session holds.
 SESSION_PARTITIONS_MAX = 100_000
-U32_MAX = 0xFFFF_FFFF
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 @dataclass(slots=True)
@@ -84,7 +81,7 @@ class FetchSession:
         self.dirty: set[PartitionKey] = set()
         self.wake = asyncio.Event()
         #: When its last request came (a monotonic ms); a request waiting here: `parked`.
-        self.last_request_ms = now_ms()
+        self.last_request_ms = monotonic_ms()
         self.parked = False
         #: Replaced or evicted: a request waiting on it returns.
         self.closed = False
@@ -120,7 +117,7 @@ class FetchSessions:
             session.mark(key)
 
     def standing(self, key: PartitionKey) -> list[tuple[int, int, int]]:
-        now = now_ms()
+        now = monotonic_ms()
         return [(s.replica_id, s.entries[key].offset, now if s.parked else s.last_request_ms)
                 for s in self._by_key.get(key, ()) if not s.closed]
 
@@ -142,7 +139,7 @@ class FetchSessions:
             session.wake.set()
             return m.ReplicaFetchResponse(session.id), []
         session = self._open(request) if request.session_id == 0 else self._next(request)
-        session.last_request_ms = now_ms()
+        session.last_request_ms = monotonic_ms()
         session.woken = False
         for key in request.forgotten_keys():
             self._forget(session, key)
@@ -188,7 +185,7 @@ class FetchSessions:
                     await asyncio.wait_for(session.wake.wait(), remaining)
             finally:
                 session.parked = False
-                session.last_request_ms = now_ms()
+                session.last_request_ms = monotonic_ms()
         self.answers += len(answers)
         return m.ReplicaFetchResponse.of(session.id, answers), pieces
 
