@@ -261,6 +261,15 @@ class MetadataState:
             raise UnknownPartition(stream, partition)
         return state
 
+    def copy(self) -> MetadataState:
+        """A copy that can be changed without touching this state: it holds only dicts of
+        frozen values and ints, so copying the dicts is enough."""
+        clone = MetadataState.__new__(MetadataState)
+        for name, value in vars(self).items():
+            assert isinstance(value, dict | int), (name, type(value))  # a new kind of field?
+            setattr(clone, name, dict(value) if isinstance(value, dict) else value)
+        return clone
+
     # -- persistence ------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

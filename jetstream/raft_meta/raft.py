@@ -193,16 +193,6 @@ class RaftSettings:
         check(self.snapshot_interval_ms > 0, "snapshot_interval_ms", "must be positive")
 
 
-def copy_state(state: MetadataState) -> MetadataState:
-    """A copy that can be changed without touching `state`: MetadataState holds only dicts of
-    frozen values and ints, so copying the dicts is enough."""
-    clone = MetadataState.__new__(MetadataState)
-    for name, value in vars(state).items():
-        assert isinstance(value, dict | int), (name, type(value))  # a new kind of field?
-        setattr(clone, name, dict(value) if isinstance(value, dict) else value)
-    return clone
-
-
 # -- the replicated part: pysyncobj's thread only ----------------------------------------------
 
 _DUPLICATE = object()  # outcome of a proposal id that was applied before
@@ -234,7 +224,7 @@ class _ReplicatedMetadata(SyncObjConsumer):
         new_state: MetadataState | None = None
         try:
             command = decode_command(encoded)
-            candidate = copy_state(self.state)
+            candidate = self.state.copy()
             outcome = candidate.apply(command)
         except JetstreamError as exc:
             outcome = exc
