@@ -28,9 +28,10 @@ from jetstream.stream.verified import Damage
 
 Pace = Callable[[int], None]
 #: Bytes read at once by a paced check (the scrubber): the walk of one chunk holds the
-#: interpreter, so a paced check keeps it short; ingest p99 rose 3.2x at 4 MiB, 1.05x at
-#: 64 KiB (bench.scrub). An unpaced check reads SCAN_CHUNK_BYTES at once.
-PACED_CHUNK_BYTES = 64 * 1024
+#: interpreter, so a paced check keeps it short. Ingest p99 with the scrubber on / off
+#: (bench.scrub --quick, machine busy): 3.2x at 4 MiB, 1.33-1.54x at 64 KiB, 0.82-1.04x at
+#: 16 KiB. An unpaced check reads SCAN_CHUNK_BYTES at once.
+PACED_CHUNK_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
