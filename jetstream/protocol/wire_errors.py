@@ -56,6 +56,19 @@ def error_registry() -> dict[str, type[JetstreamError]]:
     return registry
 
 
+_known: dict[str, type[JetstreamError]] = {}
+
+
+def _error_class(code: str) -> type[JetstreamError] | None:
+    """error_registry()[code], walked again only for a code not seen before (an error class
+    defined since, or a code this side does not know)."""
+    cls = _known.get(code)
+    if cls is None:
+        _known.update(error_registry())
+        cls = _known.get(code)
+    return cls
+
+
 def error_from_header(header: Mapping[str, Any]) -> JetstreamError:
     """The error an error frame (or an error ack) carries: an instance of the class that owns
     its code, built from its fields by the class's constructor (or, when the fields do not fit
@@ -73,7 +86,7 @@ def error_from_header(header: Mapping[str, Any]) -> JetstreamError:
     data = {k: v for k, v in header.items()
             if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
             and k not in _RESERVED_FIELDS}
-    cls = error_registry().get(code)
+    cls = _error_class(code)
     if cls is None:
         exc: JetstreamError = RemoteError(code, message, **data)
     else:

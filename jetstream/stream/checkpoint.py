@@ -34,18 +34,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Replace `path` with `data`, fsynced, all or nothing. Writers of the same file at once
     (a thread and the event loop) each use a temporary file of their own, so neither replaces
-    the other's half-written one; the last to finish wins. Recovery removes `*.tmp` leftovers."""
+    the other's half-written one; the last to finish wins. Recovery removes `*.tmp` leftovers.
+    Not `durable`: no fsync (a crash may leave the old file, or a damaged one that its
+    format tells apart): for a file that recovery would write the same again."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
-        _write_fsynced(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), data)
+        _write_fsynced(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), data,
+                       durable)
     except OSError:
         tmp.unlink(missing_ok=True)  # a full disk: leave no half-written file behind
         raise
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def append_fsynced(path: Path, data: bytes) -> None:
@@ -54,13 +58,14 @@ def append_fsynced(path: Path, data: bytes) -> None:
     _write_fsynced(os.open(path, os.O_WRONLY | os.O_APPEND), data)
 
 
-def _write_fsynced(fd: int, data: bytes) -> None:
-    """Write all of `data` to `fd`, fsync, close."""
+def _write_fsynced(fd: int, data: bytes, fsync: bool = True) -> None:
+    """Write all of `data` to `fd`, fsync (unless told not to), close."""
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -85,8 +90,9 @@ def encode_entries(kind: str, entries: list[tuple[int, ...]]) -> bytes:
     return (body + f"crc {crc:08x}\n").encode()
 
 
-def write_entries(path: Path, kind: str, entries: list[tuple[int, ...]]) -> None:
-    write_atomic(path, encode_entries(kind, entries))
+def write_entries(path: Path, kind: str, entries: list[tuple[int, ...]], *,
+                  durable: bool = True) -> None:
+    write_atomic(path, encode_entries(kind, entries), durable=durable)
 
 
 def read_entries(path: Path, kind: str) -> list[tuple[int, ...]] | None:

@@ -68,9 +68,10 @@ class LeaderEpochCache:
     def latest_epoch(self) -> int:
         return self._entries[-1].epoch if self._entries else UNDEFINED
 
-    def assign(self, epoch: int, start_offset: int) -> None:
+    def assign(self, epoch: int, start_offset: int, *, durable: bool = True) -> None:
         """Record that `epoch` began at `start_offset`. Re-assigning the latest epoch is a
-        no-op; an epoch below the latest is refused by the caller before it gets here."""
+        no-op; an epoch below the latest is refused by the caller before it gets here. Not
+        `durable`: only for an epoch starting at the log's end (see `_flush`)."""
         if self._entries and epoch == self._entries[-1].epoch:
             return
         assert epoch > self.latest_epoch, (epoch, self.latest_epoch)
@@ -78,7 +79,7 @@ class LeaderEpochCache:
         while self._entries and self._entries[-1].start_offset >= start_offset:
             self._entries.pop()
         self._entries.append(EpochEntry(epoch, start_offset))
-        self._flush()
+        self._flush(durable)
 
     def end_offset_for_epoch(self, requested: int, log_end_offset: int) -> EpochEndOffset:
         if not self._entries or requested < self._entries[0].epoch:
@@ -99,14 +100,15 @@ class LeaderEpochCache:
             found = entry.epoch
         return found
 
-    def truncate_from_end(self, end_offset: int) -> None:
-        """The log was truncated to `end_offset`: forget epochs that began at or after it."""
+    def truncate_from_end(self, end_offset: int, *, durable: bool = True) -> None:
+        """The log was truncated to `end_offset`: forget epochs that began at or after it.
+        Not `durable`: the file is written without fsync (see `_flush`)."""
         kept = [e for e in self._entries if e.start_offset < end_offset]
         if kept != self._entries:
             self._entries = kept
-            self._flush()
+            self._flush(durable)
 
-    def truncate_from_start(self, start_offset: int) -> None:
+    def truncate_from_start(self, start_offset: int, *, durable: bool = True) -> None:
         """The log now starts at `start_offset`: the epoch covering it begins there."""
         kept = [e for e in self._entries if e.start_offset >= start_offset]
         covering = [e for e in self._entries if e.start_offset < start_offset]
@@ -114,15 +116,21 @@ class LeaderEpochCache:
             kept.insert(0, EpochEntry(covering[-1].epoch, start_offset))
         if kept != self._entries:
             self._entries = kept
-            self._flush()
+            self._flush(durable)
 
     def clear(self) -> None:
         if self._entries:
             self._entries = []
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, durable: bool = True) -> None:
+        """Write the entries. A write that is not `durable` (no fsync) is for changes that
+        recovery makes again when the file does not have them: dropping entries past the
+        log's end or before its start, and an epoch that starts at the log's end (a crash
+        before any record of it leaves an entry past the end, which recovery drops; records
+        of it on disk make recovery's check see a latest epoch the file lacks, and rebuild
+        the cache from the batches). Every later durable write carries them too."""
         if self._persist:
             checkpoint.write_entries(
-                self._path, KIND, [(e.epoch, e.start_offset) for e in self._entries]
-            )
+                self._path, KIND, [(e.epoch, e.start_offset) for e in self._entries],
+                durable=durable)

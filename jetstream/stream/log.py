@@ -457,8 +457,8 @@ class Log(LogIntegrity):
             latest = self.epochs.latest_epoch
             if epoch < latest:
                 raise StaleLeaderEpoch(epoch, latest)
-            if epoch > latest:
-                self.epochs.assign(epoch, self.log_end_offset)
+            if epoch > latest:  # at the log's end: needs no fsync (LeaderEpochCache._flush)
+                self.epochs.assign(epoch, self.log_end_offset, durable=False)
 
     # -- truncation and retention ---------------------------------------------------------------
 

@@ -131,8 +131,9 @@ class Recovery:
         Returns the (scanned, truncated bytes, dropped) segments a damaged batch cost."""
         segments, epochs = self.segments, self.epochs
         log_start, log_end = segments[0].base_offset, segments.active.next_offset
-        epochs.truncate_from_end(log_end)
-        epochs.truncate_from_start(log_start)
+        # Not durable: a crash before the file is written makes the next recovery do it again.
+        epochs.truncate_from_end(log_end, durable=False)
+        epochs.truncate_from_start(log_start, durable=False)
         if log_end == log_start:
             return 0, 0, 0
         last = segments.active if segments.active.size else segments[len(segments) - 2]

@@ -16,6 +16,7 @@ from jetstream.errors import (
     StorageError,
 )
 from jetstream.stream import format as fmt
+from jetstream.stream.epoch import FILE_NAME as EPOCH_FILE
 from jetstream.stream.index import OffsetIndex
 from jetstream.stream.log import Log
 from jetstream.stream.recovery import RECOVERY_POINT_FILE
@@ -23,6 +24,7 @@ from tests.unit.log_helpers import (
     REPO,
     T0,
     Clock,
+    FsyncSpy,
     append_n,
     assert_dense,
     batch_size,
@@ -320,4 +322,41 @@ def test_time_lookup_over_a_damaged_batch_raises_corrupt_record(tmp_path: Path,
     assert log.offset_for_timestamp(T0 + 300) == 2
     with pytest.raises(CorruptRecord):
         log.offset_for_timestamp(header.max_timestamp)
+    log.close()
+
+
+# -- the leader-epoch file at restart ------------------------------------------------------------
+
+
+def test_a_restart_of_an_idle_leader_fsyncs_no_epoch_file(tmp_path: Path, clock: Clock,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Becoming leader at the log's end and dropping that empty epoch at reopen are written
+    without fsync: recovery would make both changes again."""
+    log = make(tmp_path, clock)
+    log.start_leader_epoch(1)
+    append_n(log, 3, epoch=1)
+    log.close()
+    spy = FsyncSpy(monkeypatch)
+    for epoch in (2, 3):  # restarts: each time the leader at a new epoch, nothing appended
+        log = make(tmp_path, clock)
+        assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(1, 0)]
+        log.start_leader_epoch(epoch)
+        log.close()
+    assert not [p for p in spy.paths if p.startswith(EPOCH_FILE)]  # its temp file, renamed
+
+
+def test_epoch_changes_lost_in_a_crash_are_made_again(tmp_path: Path, clock: Clock) -> None:
+    log = make(tmp_path, clock)
+    log.start_leader_epoch(1)
+    append_n(log, 3, epoch=1)
+    log.close()
+    durable = (tmp_path / EPOCH_FILE).read_bytes()
+    log = make(tmp_path, clock)
+    log.start_leader_epoch(4)
+    append_n(log, 2, epoch=4)  # records of epoch 4, fsynced; its entry was not
+    crash(log)
+    (tmp_path / EPOCH_FILE).write_bytes(durable)  # as if the unsynced write never landed
+    log = make(tmp_path, clock)
+    assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(1, 0), (4, 3)]
+    assert log.end_offset_for_epoch(1).end_offset == 3
     log.close()
