@@ -70,12 +70,12 @@ def _write_fsynced(fd: int, data: bytes, fsync: bool = True) -> None:
         os.close(fd)
 
 
-def write_atomic_if_room(path: Path, data: bytes) -> bool:
+def write_atomic_if_room(path: Path, data: bytes, *, durable: bool = True) -> bool:
     """`write_atomic` for files whose older content stays correct, only less current (a
     recovery point, a high watermark checkpoint): on a full disk the old file is kept and
     False returned; other errors raise."""
     try:
-        write_atomic(path, data)
+        write_atomic(path, data, durable=durable)
     except OSError as exc:
         if exc.errno not in DISK_FULL_ERRNOS:
             raise
@@ -121,9 +121,9 @@ def write_offset(path: Path, kind: str, offset: int) -> None:
     write_entries(path, kind, [(offset,)])
 
 
-def write_offset_if_room(path: Path, kind: str, offset: int) -> bool:
+def write_offset_if_room(path: Path, kind: str, offset: int, *, durable: bool = True) -> bool:
     """`write_offset` of an offset whose older value stays safe (see write_atomic_if_room)."""
-    return write_atomic_if_room(path, encode_entries(kind, [(offset,)]))
+    return write_atomic_if_room(path, encode_entries(kind, [(offset,)]), durable=durable)
 
 
 def read_offset(path: Path, kind: str) -> int | None:

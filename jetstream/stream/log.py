@@ -588,9 +588,11 @@ class Log(LogIntegrity):
 
     def write_high_watermark(self, high_watermark: int) -> None:
         assert 0 <= high_watermark <= self.log_end_offset, (high_watermark, self.log_end_offset)
-        # An older high watermark is a safe one (a restart then re-learns the rest).
+        # An older high watermark is a safe one (a restart then re-learns the rest), and so
+        # is none (a damaged file reads as none): no fsync, which every partition's
+        # checkpoint would pay in turn.
         checkpoint.write_offset_if_room(self.directory / HIGH_WATERMARK_FILE, "high-watermark",
-                                        high_watermark)
+                                        high_watermark, durable=False)
 
     def read_high_watermark(self) -> int:
         """The last checkpointed high watermark, clamped to the log; the log start offset if
