@@ -62,7 +62,7 @@ from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics
 from jetstream.server.nats_port import NatsPort, NatsPyNats, connect_nats
 from jetstream.server.offsets_stream import OffsetsStream
-from jetstream.server.roles import Roles
+from jetstream.server.roles import IO_THREADS, Roles
 from jetstream.server.scheduler import Scheduler
 from jetstream.server.socket_api import SocketApi
 from jetstream.stream.checkpoint import write_atomic
@@ -99,7 +99,8 @@ class Broker:
         self._reconciling: asyncio.Task[None] | None = None
         self._disk = DiskMonitor(self.data_dir, config.disk_high_watermark_percent)
         self._disk_task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetstream-io")
+        self._executor = ThreadPoolExecutor(max_workers=IO_THREADS,
+                                            thread_name_prefix="jetstream-io")
         self._scheduler = Scheduler(self._executor)
         self._stop = asyncio.Event()
 

@@ -51,6 +51,7 @@ from jetstream.isr.leader import Unfit
 from jetstream.protocol import messages as m
 from jetstream.protocol.replica_fetch import PartitionAnswer, SessionPartition
 from jetstream.raft_meta.model import PartitionState, StreamConfig
+from jetstream.server.batched_calls import BatchedCalls
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
 from jetstream.stream import format as fmt
@@ -99,7 +100,7 @@ class PartitionFollower:
                  config: BrokerConfig, executor: Executor | None, fetchers: Fetchers,
                  report_failure: ReportFailure, fence: Fence = _no_fence,
                  damage_found: Callable[[tuple[str, int]], None] | None = None,
-                 disk: DiskMonitor | None = None) -> None:
+                 disk: DiskMonitor | None = None, appends: BatchedCalls | None = None) -> None:
         self.stream = stream
         self.state = state
         self.log = log_
@@ -130,6 +131,8 @@ class PartitionFollower:
         self._verify_next = False
         self._disk = disk
         self._disk_standing = FollowerDisk()
+        #: Runs appends off the loop together with other followers' (else one job each).
+        self._appends = appends
 
     @property
     def name(self) -> str:
@@ -313,8 +316,11 @@ class PartitionFollower:
         if not payload or not self._disk_standing.may_append(full):
             self._disk_standing.after_fetch(full, None)
             return
-        self._append_done = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._append, payload)
+        if self._appends is not None:
+            self._append_done = self._appends.call(partial(self._append, payload))
+        else:
+            self._append_done = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._append, payload)
         try:
             await asyncio.shield(self._append_done)
         except InvalidBatch:

@@ -47,6 +47,7 @@ from jetstream.raft_meta.changes import EVERYTHING, Dirty, Touched
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.server.batched_calls import BatchedCalls
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
@@ -67,6 +68,9 @@ log = logging.getLogger(__name__)
 
 #: In each log directory: the `created_version` of the stream the log belongs to.
 STREAM_VERSION_FILE = "stream-version"
+#: Threads of the broker's executor for blocking work of its logs (fsyncs, followers'
+#: appends, retention); the followers' appends of one turn are split into as many jobs.
+IO_THREADS = 4
 
 
 def stream_version_marker(created_version: int) -> bytes:
@@ -115,6 +119,8 @@ class Roles:
         self._nats = nats
         self.fence = fence
         self._executor = executor
+        #: Followers' appends of one fetch answer go to the executor together.
+        self._appends = BatchedCalls(executor, jobs_max=IO_THREADS)
         self._pool = pool
         # One lock for every log here, not a descriptor per log (jetstream.stream.dir_lock).
         self._logs_lock = DirLock(data_dir / "logs", LOGS_LOCK_FILE)
@@ -447,7 +453,7 @@ class Roles:
             stream, partition, self._open_log(stream, partition), config=self._config,
             executor=self._executor, fetchers=self.fetchers,
             report_failure=self._cluster.report_leader_failure, fence=self.fence.check,
-            damage_found=self.damage_found, disk=self._disk)
+            damage_found=self.damage_found, disk=self._disk, appends=self._appends)
         await follower.start()
         self.followers[(stream.name, partition.partition)] = follower
         log.info("following broker %d for %s/%d at epoch %d", partition.leader, stream.name,

@@ -78,6 +78,9 @@ class Segment:
         self.offset_index = OffsetIndex()
         self.time_index = TimeIndex()
         self._bytes_since_entry = 0
+        #: The batch `account` took last: where tail reads (followers, consumers caught up)
+        #: find their batch without reading the file; used only while it ends the segment.
+        self._last: BatchLocation | None = None
         #: Byte ranges checked since they were written or opened (jetstream.stream.verified).
         self.verified = VerifiedRanges()
 
@@ -255,6 +258,7 @@ class Segment:
             self._bytes_since_entry = 0
         self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
         self.verified.add(position, position + header.size)
+        self._last = BatchLocation(position, header)
         self.size += header.size
         self._bytes_since_entry += header.size
         self.next_offset = header.next_offset
@@ -341,6 +345,11 @@ class Segment:
         """The batch holding `offset`, or the first batch after it; None past the end."""
         if offset >= self.next_offset:
             return None
+        last = self._last
+        if last is not None and last.header.base_offset <= offset and \
+                last.position + last.header.size == self.size and \
+                last.header.next_offset == self.next_offset:
+            return last
         rel, position = self.offset_index.lookup(max(0, offset - self.base_offset))
         expected = self.base_offset + rel
         buf = b""
