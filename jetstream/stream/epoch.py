@@ -52,6 +52,8 @@ class LeaderEpochCache:
         if not self._valid(self._entries):
             # A damaged cache is dropped, not trusted: the log rebuilds it from batch headers.
             self._entries = []
+        #: The entries the file holds (as loaded or last written; see `_flush`).
+        self._written = list(self._entries)
 
     @staticmethod
     def _valid(entries: list[EpochEntry]) -> bool:
@@ -102,7 +104,7 @@ class LeaderEpochCache:
 
     def truncate_from_end(self, end_offset: int, *, durable: bool = True) -> None:
         """The log was truncated to `end_offset`: forget epochs that began at or after it.
-        Not `durable`: the file is written without fsync (see `_flush`)."""
+        Not `durable`: kept in memory until the next write (see `_flush`)."""
         kept = [e for e in self._entries if e.start_offset < end_offset]
         if kept != self._entries:
             self._entries = kept
@@ -124,13 +126,23 @@ class LeaderEpochCache:
             self._flush()
 
     def _flush(self, durable: bool = True) -> None:
-        """Write the entries. A write that is not `durable` (no fsync) is for changes that
-        recovery makes again when the file does not have them: dropping entries past the
-        log's end or before its start, and an epoch that starts at the log's end (a crash
-        before any record of it leaves an entry past the end, which recovery drops; records
-        of it on disk make recovery's check see a latest epoch the file lacks, and rebuild
-        the cache from the batches). Every later durable write carries them too."""
-        if self._persist:
-            checkpoint.write_entries(
-                self._path, KIND, [(e.epoch, e.start_offset) for e in self._entries],
-                durable=durable)
+        """Write the entries, fsynced. A change that is not `durable` is only kept in memory
+        until the next write (or `write_unwritten`, at a clean close): it is one that
+        recovery makes again by itself when a crash loses it. That is dropping entries past
+        the log's end or before its start, and an epoch that starts at the log's end (a
+        crash before any record of it leaves nothing to drop; records of it on disk make
+        recovery's check see a latest epoch the file lacks, and it rebuilds the cache from
+        the batches). A restart then writes nothing for each of its partitions."""
+        if self._persist and durable:
+            self._write(self._entries)
+
+    def _write(self, entries: list[EpochEntry]) -> None:
+        checkpoint.write_entries(self._path, KIND, [(e.epoch, e.start_offset) for e in entries])
+        self._written = list(entries)
+
+    def write_unwritten(self, log_end_offset: int) -> None:
+        """The log closes cleanly at `log_end_offset`: write the changes held only in memory,
+        leaving out epochs that start at the end (recovery would drop them)."""
+        entries = [e for e in self._entries if e.start_offset < log_end_offset]
+        if self._persist and entries != self._written:
+            self._write(entries)

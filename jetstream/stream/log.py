@@ -614,6 +614,7 @@ class Log(LogIntegrity):
                     # Sealed segments were fsynced at roll unless the policy is NEVER.
                     if segment is active or segment.next_offset > self._durable_offset:
                         segment.seal(fsync=True)
+                self.epochs.write_unwritten(self.log_end_offset)
                 checkpoint.fsync_dir(self.directory)
                 raise_recovery_point(self.directory, self.log_end_offset)
             finally:

@@ -131,7 +131,7 @@ class Recovery:
         Returns the (scanned, truncated bytes, dropped) segments a damaged batch cost."""
         segments, epochs = self.segments, self.epochs
         log_start, log_end = segments[0].base_offset, segments.active.next_offset
-        # Not durable: a crash before the file is written makes the next recovery do it again.
+        # Kept in memory: a crash before the file is next written makes recovery do it again.
         epochs.truncate_from_end(log_end, durable=False)
         epochs.truncate_from_start(log_start, durable=False)
         if log_end == log_start:

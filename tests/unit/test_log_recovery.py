@@ -328,10 +328,10 @@ def test_time_lookup_over_a_damaged_batch_raises_corrupt_record(tmp_path: Path,
 # -- the leader-epoch file at restart ------------------------------------------------------------
 
 
-def test_a_restart_of_an_idle_leader_fsyncs_no_epoch_file(tmp_path: Path, clock: Clock,
+def test_a_restart_of_an_idle_leader_writes_no_epoch_file(tmp_path: Path, clock: Clock,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Becoming leader at the log's end and dropping that empty epoch at reopen are written
-    without fsync: recovery would make both changes again."""
+    """Becoming leader at the log's end and dropping that empty epoch at reopen are kept in
+    memory: recovery would make both changes again."""
     log = make(tmp_path, clock)
     log.start_leader_epoch(1)
     append_n(log, 3, epoch=1)
@@ -343,6 +343,18 @@ def test_a_restart_of_an_idle_leader_fsyncs_no_epoch_file(tmp_path: Path, clock:
         log.start_leader_epoch(epoch)
         log.close()
     assert not [p for p in spy.paths if p.startswith(EPOCH_FILE)]  # its temp file, renamed
+
+
+def test_a_clean_close_writes_the_epochs_held_in_memory(tmp_path: Path, clock: Clock) -> None:
+    log = make(tmp_path, clock)
+    log.start_leader_epoch(1)
+    append_n(log, 3, epoch=1)
+    log.close()
+    log = make(tmp_path, clock)
+    log.start_leader_epoch(2)
+    append_n(log, 2, epoch=2)
+    log.close()
+    assert (tmp_path / EPOCH_FILE).read_text().splitlines()[1:3] == ["1 0", "2 3"]
 
 
 def test_epoch_changes_lost_in_a_crash_are_made_again(tmp_path: Path, clock: Clock) -> None:
