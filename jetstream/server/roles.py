@@ -211,11 +211,18 @@ class Roles:
             wanted, held, unwanted=[k for k in keys if k not in wanted],
             gone=[k for k in keys if k[0] not in state.streams],
             streams=state.streams.keys() if change.everything else None)
+        leading = [p for p in admitted.values() if p.leader == me]
         for key, partition in admitted.items():
-            if partition.leader == me:
-                await self._start_leader(state.streams[key[0]], partition)
-            else:
+            if partition.leader != me:
                 await self._start_follower(state.streams[key[0]], partition)
+        # Together: each waits for the NATS server to confirm its subscription, and those
+        # round trips overlap instead of adding up.
+        started = await asyncio.gather(
+            *(self._start_leader(state.streams[p.stream], p) for p in leading),
+            return_exceptions=True)
+        for outcome in started:
+            if isinstance(outcome, BaseException):
+                raise outcome
         kept = wanted.keys() if clustered else state.partitions.keys()
         if change.everything:
             self._delete_orphan_logs({f"{name}-{p}" for name, p in kept})
