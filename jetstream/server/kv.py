@@ -44,6 +44,10 @@ INDEX_DIRECTORY = "keys.lmdb"
 T = TypeVar("T")
 
 
+def _compacted(config: StreamConfig) -> bool:
+    return config.cleanup_policy.compacts
+
+
 class KeyValue:
     def __init__(self, roles: Roles, executor: Executor, pool: HandlePool, *,
                  interval_ms: int, map_size_bytes: int, wait_ms_max: int) -> None:
@@ -83,9 +87,8 @@ class KeyValue:
     async def _round(self) -> None:
         loop = asyncio.get_running_loop()
         held: set[PartitionKey] = set()
-        for key, stream, log_, hw in self._roles.replicas():
-            if not stream.cleanup_policy.compacts:
-                continue
+        for key, _stream, log_, hw in self._roles.replicas(
+                self._roles.streams_where(_compacted)):
             held.add(key)
             current = self._logs.get(key)
             if current is not log_:  # new, or its log was reopened: open its index afresh

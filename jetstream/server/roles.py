@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -119,6 +119,7 @@ class Roles:
         self._nats = nats
         self.fence = fence
         self._executor = executor
+        self._stream_sets: dict[Callable[[StreamConfig], bool], tuple[int, frozenset[str]]] = {}
         #: Followers' appends of one fetch answer go to the executor together.
         self._appends = BatchedCalls(executor, jobs_max=IO_THREADS)
         self._pool = pool
@@ -262,15 +263,33 @@ class Roles:
         return LogFiles(directory, directory / STREAM_VERSION_FILE,
                         stream_version_marker(self._log_versions[key]).decode())
 
-    def replicas(self) -> Iterator[tuple[PartitionKey, StreamConfig, Log, int]]:
-        """Each partition replica held here with a role: its stream, open log and high
+    def replicas(self, streams: Iterable[str] | None = None
+                 ) -> Iterator[tuple[PartitionKey, StreamConfig, Log, int]]:
+        """Each partition replica held here with a role (of `streams` only, when given: then
+        the work is in proportion to their partitions): its stream, open log and high
         watermark (the leader's, or the one a follower last learned)."""
-        streams = self._metadata.state.streams
-        for key, log_ in list(self._logs.items()):
-            stream = streams.get(key[0])
+        configs = self._metadata.state.streams
+        if streams is None:
+            keys: Iterable[PartitionKey] = list(self._logs)
+        else:
+            keys = [(name, p) for name in streams if name in configs
+                    for p in range(configs[name].partitions) if (name, p) in self._logs]
+        for key in keys:
+            log_ = self._logs.get(key)
+            stream = configs.get(key[0])
             role = self.leaders.get(key) or self.followers.get(key)
-            if stream is not None and role is not None:
+            if log_ is not None and stream is not None and role is not None:
                 yield key, stream, log_, role.high_watermark
+
+    def streams_where(self, wanted: Callable[[StreamConfig], bool]) -> frozenset[str]:
+        """The names of the streams whose config is `wanted`, worked out again only when the
+        metadata changed since the last call with the same `wanted`."""
+        state = self._metadata.state
+        cached = self._stream_sets.get(wanted)
+        if cached is None or cached[0] != state.version:
+            names = frozenset(n for n, config in state.streams.items() if wanted(config))
+            cached = self._stream_sets[wanted] = (state.version, names)
+        return cached[1]
 
     def led_here(self, stream: str, partition: int) -> bool:
         """This broker runs the partition's leader role."""
