@@ -71,6 +71,8 @@ STREAM_VERSION_FILE = "stream-version"
 #: Threads of the broker's executor for blocking work of its logs (fsyncs, followers'
 #: appends, retention); the followers' appends of one turn are split into as many jobs.
 IO_THREADS = 4
+#: Leader roles a reconcile starts at once.
+LEADERS_STARTED_TOGETHER = 32
 
 
 def stream_version_marker(created_version: int) -> bytes:
@@ -216,14 +218,17 @@ class Roles:
         for key, partition in admitted.items():
             if partition.leader != me:
                 await self._start_follower(state.streams[key[0]], partition)
-        # Together: each waits for the NATS server to confirm its subscription, and those
-        # round trips overlap instead of adding up.
-        started = await asyncio.gather(
-            *(self._start_leader(state.streams[p.stream], p) for p in leading),
-            return_exceptions=True)
-        for outcome in started:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        # A few at a time: each waits for the NATS server to confirm its subscription, and
+        # those round trips overlap instead of adding up (a wait's deadline starts before
+        # the others of its group have opened their logs, hence the small groups).
+        for start in range(0, len(leading), LEADERS_STARTED_TOGETHER):
+            started = await asyncio.gather(
+                *(self._start_leader(state.streams[p.stream], p)
+                  for p in leading[start:start + LEADERS_STARTED_TOGETHER]),
+                return_exceptions=True)
+            for outcome in started:
+                if isinstance(outcome, BaseException):
+                    raise outcome
         kept = wanted.keys() if clustered else state.partitions.keys()
         if change.everything:
             self._delete_orphan_logs({f"{name}-{p}" for name, p in kept})
