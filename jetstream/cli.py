@@ -200,9 +200,14 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML file of broker settings")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     for f in fields(BrokerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":  # a switch: present means true (--insecure, --tls-verify-client)
+            parser.add_argument(flag, dest=f.name, action="store_true", default=None,
+                                help=f"(default {f.default!r})")
+            continue
         kind = int if f.type == "int" else str
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind,
-                            default=None, help=f"(default {f.default!r})")
+        parser.add_argument(flag, dest=f.name, type=kind, default=None,
+                            help=f"(default {f.default!r})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     client_flags = argparse.ArgumentParser(add_help=False, parents=[json_flag])
     client_flags.add_argument("--brokers", metavar="HOST:PORT,...", default=argparse.SUPPRESS,
                               help=brokers_help)
+    for name, what in (("ca", "CA bundle that signed the brokers' certificates"),
+                       ("cert", "this client's certificate (brokers verifying clients)"),
+                       ("key", "this client's private key")):
+        client_flags.add_argument(f"--tls-{name}", metavar="PEM", default=argparse.SUPPRESS,
+                                  help=f"TLS: {what} (default: $JETSTREAM_CLIENT_TLS_"
+                                       f"{name.upper()})")
 
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser("dev", parents=[json_flag],

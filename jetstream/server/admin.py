@@ -30,6 +30,7 @@ from jetstream.raft_meta.fsm import CreateStream, DeleteStream, UpdateStream
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.security.guard import exposures
 from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
@@ -201,6 +202,12 @@ class Admin:
             health["disk"] = self._disk.describe()
         if self._files is not None:
             health["files"] = self._files.describe()
+        health["tls"] = {"socket": self._config.socket_tls is not None,
+                         "http": self._config.http_tls is not None,
+                         "nats": self._config.nats_tls is not None}
+        if self._config.insecure:
+            # Started with --insecure: say so on every look, not just once in the log.
+            health["insecure"] = [str(e) for e in exposures(self._config)]
         return health
 
     def render_metrics(self, high_watermarks: Mapping[tuple[str, int], int]) -> str:

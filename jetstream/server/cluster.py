@@ -59,6 +59,7 @@ from jetstream.raft_meta.fsm import (
 )
 from jetstream.raft_meta.model import BrokerInfo, PartitionState
 from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.security.tls import client_ssl
 from jetstream.server.config import BrokerConfig
 from jetstream.server.metadata_batches import Batch, Batcher
 from jetstream.stream.reserve import DiskReserve
@@ -255,7 +256,8 @@ class Cluster:
             return False
         conn = BrokerConnection(address, client_id=f"replica-{self.broker_id}",
                                 connect_timeout_s=REPORT_TIMEOUT_S,
-                                request_timeout_s=REPORT_TIMEOUT_S)
+                                request_timeout_s=REPORT_TIMEOUT_S,
+                                tls=client_ssl(self.config.peer_tls))
         try:
             await conn.open()
             await conn.request(request)
@@ -304,7 +306,8 @@ class Cluster:
                         raise OSError(f"address of broker {leader} unknown")
                     conn = conns[leader] = BrokerConnection(
                         address, client_id=f"broker-{self.broker_id}",
-                        connect_timeout_s=REPORT_TIMEOUT_S, request_timeout_s=REPORT_TIMEOUT_S)
+                        connect_timeout_s=REPORT_TIMEOUT_S, request_timeout_s=REPORT_TIMEOUT_S,
+                        tls=client_ssl(self.config.peer_tls))
                     await conn.open()
                 answer = await conn.request(m.MetadataRequest([stream]))
                 assert isinstance(answer, m.MetadataResponse)

@@ -8,6 +8,12 @@ correlation id. The writer sends answers in the order they are ready; a Fetch an
 prefix and header followed by record batches sent straight from the segment file with
 `loop.sendfile` (zero copy on the default event loop).
 
+With `tls_cert` set the port speaks TLS only (a plain-text client fails the handshake); a
+handshake not finished within `tls_handshake_timeout_ms`, a HELLO not received within
+HELLO_TIMEOUT_S, and a request frame begun but not finished within `request_timeout_ms`
+(a stalled or deliberately slow sender) close the connection. Past `connections_max` open
+connections a new one is answered `TOO_MANY_CONNECTIONS` and closed.
+
 The first frame must be HELLO with a version this broker speaks. A malformed frame gets an
 error frame and the connection is closed (the byte stream cannot be resynchronised); a bad
 request inside a well-formed frame gets an error frame and the connection carries on. No
@@ -24,9 +30,10 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from jetstream.errors import JetstreamError, ProtocolError
+from jetstream.errors import JetstreamError, ProtocolError, TooManyConnections
 from jetstream.protocol import frames
 from jetstream.protocol import messages as m
+from jetstream.security.tls import server_ssl
 from jetstream.server.api import RequestHandler, Result
 from jetstream.server.config import BrokerConfig
 from jetstream.server.metrics import BrokerMetrics
@@ -61,9 +68,12 @@ class SocketApi:
         self.port = 0
 
     async def start(self) -> None:
+        context = server_ssl(self._config.socket_tls)
+        handshake_s = self._config.tls_handshake_timeout_ms / 1000 if context else None
         self._server = await asyncio.start_server(
             self._on_connection, self._config.host, self._config.port,
-            limit=READ_CHUNK_BYTES, reuse_address=True)
+            limit=READ_CHUNK_BYTES, reuse_address=True, ssl=context,
+            ssl_handshake_timeout=handshake_s)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -80,8 +90,10 @@ class SocketApi:
         assert task is not None
         metrics = self._metrics
         if len(self._connections) >= self._config.connections_max:
-            writer.write(m.encode_error(0, frames.Op.HELLO, JetstreamError(
-                f"too many connections (limit {self._config.connections_max})")))
+            metrics.connections_refused_total += 1
+            writer.write(m.encode_error(0, frames.Op.HELLO, TooManyConnections(
+                f"too many connections (limit {self._config.connections_max})",
+                connections_max=self._config.connections_max)))
             with contextlib.suppress(Exception):
                 await writer.drain()
             writer.close()
@@ -139,11 +151,23 @@ class Connection:
                     answer.close()
 
     async def _next_frame(self) -> frames.Frame | None:
+        """The next whole frame; None at the end of the stream, or when a begun frame's
+        next bytes do not come within `request_timeout_ms` (the connection is closed)."""
         while True:
             frame = self._decoder.next_frame()
             if frame is not None:
                 return frame
-            data = await self._reader.read(READ_CHUNK_BYTES)
+            if self._decoder.buffered_bytes:
+                try:
+                    data = await asyncio.wait_for(self._reader.read(READ_CHUNK_BYTES),
+                                                  self._config.request_timeout_ms / 1000)
+                except TimeoutError:
+                    self._metrics.stalled_requests_total += 1
+                    log.warning("closing a connection whose request frame stalled for %d ms",
+                                self._config.request_timeout_ms)
+                    return None
+            else:
+                data = await self._reader.read(READ_CHUNK_BYTES)
             if not data:
                 return None
             self._decoder.feed(data)
