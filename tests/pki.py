@@ -41,7 +41,7 @@ class Pki:
 
 def broker_tls_args(pki: Pki, leaf: Leaf, *, verify_client: bool = True) -> tuple[str, ...]:
     """`jetstream server` flags that put a broker's socket and HTTP APIs on (mutual) TLS."""
-    args = ("--tls-cert", leaf.cert, "--tls-key", leaf.key, "--tls-ca", pki.ca)
+    args: tuple[str, ...] = ("--tls-cert", leaf.cert, "--tls-key", leaf.key, "--tls-ca", pki.ca)
     if verify_client:
         args += ("--tls-verify-client", "--http-tls-verify-client")
     return args

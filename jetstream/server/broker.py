@@ -302,7 +302,8 @@ class Broker:
         port = self._socket_api.port if self._socket_api is not None else 0
         return {"broker_id": self.config.broker_id, "pid": os.getpid(), "host": self.config.host,
                 "port": port, "http_port": self.http_port, "nats_url": self.nats_url,
-                "data_dir": str(self.data_dir)}
+                "data_dir": str(self.data_dir), "tls": self.config.socket_tls is not None,
+                "http_tls": self.config.http_tls is not None}
 
     async def shutdown(self, *, hand_over: bool = True) -> None:
         """Stop. In a cluster, first hand this broker's leaderships to in-sync followers,
