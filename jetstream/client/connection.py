@@ -123,6 +123,15 @@ class BrokerConnection:
             if frame.kind == frames.Kind.ERROR:
                 raise m.error_from_header(frame.header)
             reply = frames.parse_hello_response(frame.header)
+        except BrokerUnavailable as exc:
+            await self.close()
+            if self.tls is None:
+                raise
+            # Under TLS 1.3 a broker refuses a client certificate after the client's side of
+            # the handshake is done: the refusal shows as the HELLO's connection closing.
+            raise BrokerUnavailable(self.address, f"{exc.fields.get('reason', exc)} (before "
+                                    "HELLO was answered over TLS: the broker may not trust "
+                                    "this side's certificate)") from None
         except BaseException:
             await self.close()
             raise

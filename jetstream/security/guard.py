@@ -37,6 +37,9 @@ class ListenerSettings(Protocol):
     def raft_password(self) -> str: ...
 
     @property
+    def raft_password_file(self) -> str: ...
+
+    @property
     def tls_cert(self) -> str: ...
 
     @property
@@ -82,8 +85,10 @@ def exposures(config: ListenerSettings) -> list[Exposure]:
     own_raft = config.cluster_members.get(config.broker_id)
     if own_raft is not None:
         raft_host = own_raft.rpartition(":")[0]
-        if not is_loopback(raft_host) and not config.raft_password:
-            found.append(Exposure("metadata Raft", own_raft, ("raft_password",)))
+        if not is_loopback(raft_host) and not (config.raft_password
+                                               or config.raft_password_file):
+            found.append(Exposure("metadata Raft", own_raft,
+                                  ("raft_password (or raft_password_file)",)))
     if not is_loopback(config.host):
         missing = _tls_missing(bool(config.tls_cert), config.tls_verify_client,
                                "tls_cert/tls_key", "tls_verify_client (with tls_ca)")

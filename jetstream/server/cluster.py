@@ -95,7 +95,7 @@ class Cluster:
         partners = [a for bid, a in members.items() if bid != config.broker_id]
         self.metadata = RaftMetadata(
             directory, members[config.broker_id], partners, broker_id=config.broker_id,
-            broker_ids=self.raft_ids, password=config.raft_password or None,
+            broker_ids=self.raft_ids, password=config.metadata_password or None,
             routes=config.raft_route_map, reserve=reserve)
         self.size = len(members)
         self._controller: FailoverController | None = None

@@ -113,7 +113,10 @@ class BrokerConfig:
     raft_routes: str = ""
     peer_routes: str = ""
     #: Password of the metadata Raft group (encrypts and authenticates it); empty: none.
+    #: `raft_password_file` reads it from a file instead (its first line), which keeps it
+    #: out of the process list and the environment.
     raft_password: str = ""
+    raft_password_file: str = ""
     #: A follower that has not caught up for this long leaves the ISR.
     replica_lag_ms_max: int = 10_000
     #: A follower that got no answer from its leader for this long reports it.
@@ -258,6 +261,22 @@ class BrokerConfig:
         return [u.strip() for u in self.nats_url.split(",") if u.strip()]
 
     @property
+    def metadata_password(self) -> str:
+        """`raft_password`, or the first line of `raft_password_file`; empty: none."""
+        if not self.raft_password_file:
+            return self.raft_password
+        try:
+            with open(self.raft_password_file, encoding="utf-8") as f:
+                password = f.readline().strip()
+        except OSError as exc:
+            raise InvalidConfig(f"cannot read raft_password_file {self.raft_password_file}: "
+                                f"{exc.strerror or exc}", field="raft_password_file") from None
+        if not password:
+            raise InvalidConfig(f"raft_password_file {self.raft_password_file} is empty",
+                                field="raft_password_file")
+        return password
+
+    @property
     def socket_tls(self) -> TlsFiles | None:
         """The socket API's TLS files, None for plain TCP."""
         if not self.tls_cert:
@@ -366,6 +385,9 @@ def check_tls_settings(config: BrokerConfig) -> None:
         if getattr(config, verify) and (tls is None or not tls.ca):
             raise InvalidConfig(f"{verify} needs TLS on the {listener} and a CA bundle "
                                 f"(tls_ca) to verify clients with", field=verify)
+    if config.raft_password and config.raft_password_file:
+        raise InvalidConfig("set raft_password or raft_password_file, not both",
+                            field="raft_password_file")
     if config.nats_token and (config.nats_user or config.nats_creds):
         raise InvalidConfig("nats_token excludes nats_user and nats_creds", field="nats_token")
     if bool(config.nats_user) != bool(config.nats_password):

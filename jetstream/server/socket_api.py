@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 
 from jetstream.errors import JetstreamError, ProtocolError, TooManyConnections
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 READ_CHUNK_BYTES = 256 * 1024
 HELLO_TIMEOUT_S = 10.0
+#: What a TLS answer reads from a segment file and encrypts at once.
+TLS_CHUNK_BYTES = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -246,6 +249,8 @@ class Connection:
     async def _send_pieces(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,
                            pieces: list[FileSlice]) -> bool:
         """Send each slice with sendfile; False when one came out short."""
+        if writer.get_extra_info("sslcontext") is not None:
+            return await _send_pieces_tls(loop, writer, pieces)
         for piece in pieces:
             # Wraps an open descriptor for sendfile: no file is opened, nothing blocks.
             with open(piece.fd, "rb", buffering=0, closefd=False) as f:  # noqa: ASYNC230
@@ -280,3 +285,21 @@ class Connection:
                     await writer.drain()
                 writer.close()
                 return
+
+
+async def _send_pieces_tls(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,
+                           pieces: list[FileSlice]) -> bool:
+    """TLS has no zero-copy path: read each slice with `pread` in a thread (never moving a
+    descriptor's shared position, which concurrent answers from one segment rely on) and
+    write it through the TLS transport, TLS_CHUNK_BYTES at a time, waiting for room."""
+    for piece in pieces:
+        position, end = piece.position, piece.position + piece.length
+        while position < end:
+            data = await loop.run_in_executor(None, os.pread, piece.fd,
+                                              min(TLS_CHUNK_BYTES, end - position), position)
+            if not data:
+                return False
+            writer.write(data)
+            await writer.drain()
+            position += len(data)
+    return True

@@ -154,7 +154,7 @@ def test_loopback_needs_nothing_and_every_other_address_names_what_it_lacks() ->
     assert exposures(BrokerConfig(host="localhost", cluster="0@127.0.0.1:7500")) == []
     found = exposures(BrokerConfig(host="10.0.0.5", cluster="0@10.0.0.5:7500,1@10.0.0.6:7500"))
     assert [(e.listener, e.missing) for e in found] == [
-        ("metadata Raft", ("raft_password",)),
+        ("metadata Raft", ("raft_password (or raft_password_file)",)),
         ("socket API", ("tls_cert/tls_key", "tls_verify_client (with tls_ca)")),
         ("HTTP API", ("tls_cert/tls_key (or http_tls_cert/http_tls_key)",
                       "http_tls_verify_client (with tls_ca)"))]
