@@ -73,8 +73,10 @@ def no_op_responder(url: str, subject: str) -> Iterator[None]:
 
 # -- the publisher --------------------------------------------------------------------------
 
-async def publish_pipelined(url: str, messages: Sequence[Message], window: int) -> JsonObject:
-    nc = await nats.connect(url, pending_size=64 * MiB)
+async def publish_pipelined(url: str, messages: Sequence[Message], window: int,
+                            **connect_options: Any) -> JsonObject:
+    """`connect_options` go to nats-py's connect (`tls=`, credentials)."""
+    nc = await nats.connect(url, pending_size=64 * MiB, **connect_options)
     inbox = nc.new_inbox()
     count = len(messages)
     sent_at = [0.0] * count
