@@ -44,13 +44,13 @@ from typing import Any
 
 import jetstream
 from bench.common import JsonObject, bench_main, cpu_seconds, percentile, publish_pipelined
-from jetstream.natsd import NatsServer, ServerTls, free_ports
+from bench.replication import OurCluster
+from jetstream.natsd import ServerTls, free_ports
 from jetstream.raft_meta.fsm import RegisterBroker
 from jetstream.raft_meta.model import BrokerInfo
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.security.certs import ensure_leaves
 from jetstream.security.tls import client_context
-from jetstream.server.process import BrokerProcess
 
 PAYLOAD = b"x" * 128
 SUBJECT = "sec.in"
@@ -78,28 +78,27 @@ def progress(message: str) -> None:
     print(f"  .. {message}", file=sys.stderr, flush=True)
 
 
-class Setup:
+class Setup(OurCluster):
     """A nats-server and broker processes, all secured (`tls`) or all plain."""
 
     def __init__(self, work: Path, tls: bool, brokers: int) -> None:
-        self.work, self.tls, self.count = work, tls, brokers
+        self.tls = tls
         self.files = ensure_leaves(work / "pki", [("broker", ("127.0.0.1",)),
                                                   ("nats", ("127.0.0.1",)),
                                                   ("client", ("client",))],
                                    ["raft-password"]) if tls else {}
         nats_tls = ServerTls(self.files["nats"], self.files["nats_key"], self.files["ca"],
                              verify=True) if tls else None
-        self.nats = NatsServer(work / "nats", tls=nats_tls)
-        self.brokers: list[BrokerProcess] = []
+        super().__init__(work, brokers, nats_tls, self.broker_args(brokers))
 
-    def broker_args(self) -> tuple[str, ...]:
+    def broker_args(self, brokers: int) -> tuple[str, ...]:
         if not self.tls:
             return ()
         f = self.files
         return ("--tls-cert", f["broker"], "--tls-key", f["broker_key"], "--tls-ca", f["ca"],
                 "--tls-verify-client", "--nats-tls-ca", f["ca"], "--nats-tls-cert",
                 f["broker"], "--nats-tls-key", f["broker_key"],
-                *(("--raft-password-file", f["raft-password"]) if self.count > 1 else ()))
+                *(("--raft-password-file", f["raft-password"]) if brokers > 1 else ()))
 
     def client_options(self) -> dict[str, Any]:
         if not self.tls:
@@ -112,28 +111,6 @@ class Setup:
             return {}
         f = self.files
         return {"tls": client_context(f["ca"], f["client"], f["client_key"])}
-
-    async def __aenter__(self) -> Setup:
-        await self.nats.astart()
-        spec = ",".join(f"{i}@127.0.0.1:{p}" for i, p in enumerate(free_ports(self.count)))
-        cluster = ("--cluster", spec) if self.count > 1 else ()
-        self.brokers = [BrokerProcess(self.work / f"broker{i}", self.nats.url, broker_id=i,
-                                      extra_args=(*cluster, *self.broker_args()))
-                        for i in range(self.count)]
-        try:
-            for broker in self.brokers:
-                broker.start(wait=False)
-            for broker in self.brokers:
-                await asyncio.to_thread(broker.wait_ready, DEADLINE_S)
-        except BaseException:
-            await self.__aexit__()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        for broker in self.brokers:
-            await asyncio.to_thread(broker.stop)
-        await self.nats.astop()
 
     def connect(self) -> jetstream.Client:
         return jetstream.connect(",".join(b.address for b in self.brokers),

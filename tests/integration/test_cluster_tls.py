@@ -5,10 +5,7 @@ the cluster's CA cannot replicate and leaves the ISR, while the others go on com
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -16,32 +13,16 @@ import pytest
 
 import jetstream
 from jetstream.client import Client
-from jetstream.errors import JetstreamError
-from jetstream.natsd import free_ports
 from jetstream.server.process import BrokerProcess
+from tests.integration.test_cluster import TUNING, eventually, running_cluster
 from tests.pki import Leaf, Pki, broker_tls_args
 
-DEADLINE_S = 45.0
-TUNING = ("--replica-lag-ms-max", "2000", "--replica-leader-timeout-ms", "1000",
-          "--broker-timeout-ms", "2000", "-v", "--raft-password", "cluster-secret")
 
-
-@contextmanager
 def secured_cluster(tmp_path: Path, nats_url: str, pki: Pki, leaves: list[Leaf]
-                    ) -> Iterator[list[BrokerProcess]]:
-    spec = ",".join(f"{i}@127.0.0.1:{port}" for i, port in enumerate(free_ports(3)))
-    brokers = [BrokerProcess(tmp_path / f"broker{i}", nats_url, broker_id=i, extra_args=(
-        "--cluster", spec, *TUNING, *broker_tls_args(pki, leaf)))
-        for i, leaf in enumerate(leaves)]
-    try:
-        for broker in brokers:
-            broker.start(wait=False)
-        for broker in brokers:
-            broker.wait_ready(DEADLINE_S)
-        yield brokers
-    finally:
-        for broker in brokers:
-            broker.kill()
+                    ) -> AbstractContextManager[list[BrokerProcess]]:
+    """test_cluster's 3 brokers, each with mutual TLS and its own certificate."""
+    return running_cluster(tmp_path, nats_url, (*TUNING, "--raft-password", "cluster-secret"),
+                           tuple(broker_tls_args(pki, leaf) for leaf in leaves))
 
 
 def connect(broker: BrokerProcess, pki: Pki, client: Leaf) -> Client:
@@ -52,19 +33,6 @@ def connect(broker: BrokerProcess, pki: Pki, client: Leaf) -> Client:
 async def isr_of(js: Client, stream: str) -> list[int]:
     await js.refresh_metadata()
     return sorted((await js.stream_info(stream)).partitions[0].isr)
-
-
-async def wait_for(probe: Any, what: str) -> Any:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        try:
-            result = await probe()
-        except (JetstreamError, OSError):
-            result = None
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"not within {DEADLINE_S} s: {what}"
-        await asyncio.sleep(0.2)
 
 
 async def test_replication_over_mutual_tls(tmp_path: Path, nats_url: str, pki: Pki) -> None:
@@ -78,7 +46,7 @@ async def test_replication_over_mutual_tls(tmp_path: Path, nats_url: str, pki: P
                 async def once(i: int = i) -> Any:
                     return await js.publish("sec.in", f"v{i}".encode(), ack_policy="all",
                                             timeout=2.0)
-                acks.append(await wait_for(once, f"ack of v{i}"))
+                acks.append(await eventually(once, f"ack of v{i}"))
             assert [a.offset for a in acks] == list(range(30))
             assert await isr_of(js, "sec") == [0, 1, 2]
         # Every replica holds the records: read each through its own broker as an ISR read.
@@ -97,14 +65,14 @@ async def test_a_broker_with_a_certificate_of_another_ca_cannot_replicate(
         async with connect(brokers[0], pki, client) as js:
             await js.create_stream("sec", "sec.in", replication_factor=3, min_isr=2)
 
-            async def out_of_isr() -> bool:
-                return 2 not in await isr_of(js, "sec")
-            await wait_for(out_of_isr, "broker 2 out of the ISR")
+            async def out_of_isr() -> bool | None:
+                return True if 2 not in await isr_of(js, "sec") else None
+            await eventually(out_of_isr, "broker 2 out of the ISR")
 
             async def acked() -> Any:
                 return await js.publish("sec.in", b"still committing", ack_policy="all",
                                         timeout=2.0)
-            ack = await wait_for(acked, "an ack from brokers 0 and 1")
+            ack = await eventually(acked, "an ack from brokers 0 and 1")
             assert ack.offset >= 0
         assert brokers[2].running  # refused links, not a crash
         # The refused links are reported: a follower's failed fetch session, or a TLS
