@@ -109,6 +109,12 @@ def _tls_missing(tls: bool, verify: bool, tls_names: str, verify_name: str) -> t
                  if not present)
 
 
+def insecure_listeners(config: ListenerSettings, insecure: bool) -> list[str] | None:
+    """What `GET /health` shows under `insecure`: None unless the broker was started with
+    `--insecure`, then each listener it left open (empty when none is)."""
+    return [str(e) for e in exposures(config)] if insecure else None
+
+
 def refusal(found: list[Exposure]) -> str:
     """The message a broker refusing to start gives."""
     return ("listeners bound off loopback without protection: " + "; ".join(map(str, found))

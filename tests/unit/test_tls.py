@@ -19,7 +19,7 @@ from jetstream.errors import (
     TlsFileUnreadable,
     TlsKeyMismatch,
 )
-from jetstream.security.guard import exposures, is_loopback
+from jetstream.security.guard import exposures, insecure_listeners, is_loopback
 from jetstream.security.tls import (
     Reloadable,
     TlsFiles,
@@ -166,3 +166,11 @@ def test_loopback_needs_nothing_and_every_other_address_names_what_it_lacks() ->
         "socket API"]
     assert (is_loopback("127.0.0.2"), is_loopback("::1"), is_loopback("broker-1")) == (
         True, True, False)
+
+
+def test_health_lists_open_listeners_only_when_started_insecure() -> None:
+    exposed = BrokerConfig(host="10.0.0.5", http_port=-1, insecure=True)
+    assert insecure_listeners(exposed, exposed.insecure) == [
+        "socket API on 10.0.0.5 needs tls_cert/tls_key and tls_verify_client (with tls_ca)"]
+    assert insecure_listeners(BrokerConfig(insecure=True), True) == []
+    assert insecure_listeners(BrokerConfig(host="10.0.0.5"), False) is None
