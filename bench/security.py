@@ -16,6 +16,8 @@ Theory of operation
   earliest offset by the Python client's `subscribe` (fetches over the socket API).
 - CPU per message: user+system seconds of the brokers and of the nats-server over the run,
   from /proc, divided by the messages; wall rates compare machines, CPU compares code. The
+  `*_cpu_ratio` figures are that cost plain ÷ secured: what a machine the servers saturate
+  would see, and steady when other work shares the cores (wall ratios then are not). The
   load generator is this process: its CPU share of one core during each run is reported
   (`loadgen_cpu_share`); below ~0.9 it was not what limited the run.
 - Metadata Raft: three RaftMetadata nodes in this process on loopback, with and without a
@@ -251,6 +253,14 @@ def ratio(sides: JsonObject) -> float:
     return round(float(sides["on"]["msgs_per_s"]) / float(sides["off"]["msgs_per_s"]), 3)
 
 
+def cpu_ratio(sides: JsonObject) -> float:
+    """Server CPU per message plain ÷ secured (brokers and nats-server): the throughput
+    ratio a machine whose cores the servers saturate would see, whatever else runs on it."""
+    def cost(side: JsonObject) -> float:
+        return float(side["broker_cpu_us_per_msg"]) + float(side["nats_cpu_us_per_msg"])
+    return round(cost(sides["off"]) / cost(sides["on"]), 3)
+
+
 async def run(quick: bool) -> JsonObject:
     plan = QUICK if quick else FULL
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
@@ -265,6 +275,9 @@ async def run(quick: bool) -> JsonObject:
         "tls_ingest_ratio": ratio(r1_runs["ingest"]),
         "tls_catchup_ratio": ratio(r1_runs["catchup"]),
         "tls_r3_ingest_ratio": ratio(r3_runs),
+        "tls_ingest_cpu_ratio": cpu_ratio(r1_runs["ingest"]),
+        "tls_catchup_cpu_ratio": cpu_ratio(r1_runs["catchup"]),
+        "tls_r3_ingest_cpu_ratio": cpu_ratio(r3_runs),
         "authorization": "not built yet: the figures are TLS (and the Raft password) only",
         "r1_ingest": r1_runs["ingest"], "r1_catchup": r1_runs["catchup"],
         "r3_ingest": r3_runs,
@@ -279,14 +292,14 @@ async def run(quick: bool) -> JsonObject:
 def table(r: JsonObject) -> str:
     rows = [(f"security bench ({'quick' if r['quick'] else 'full'}), 128 B messages; "
             "TLS on / off"), "",
-            (f"{'workload':<14}{'off msg/s':>12}{'on msg/s':>12}{'ratio':>8}"
+            (f"{'workload':<14}{'off msg/s':>12}{'on msg/s':>12}{'ratio':>8}{'cpu ratio':>10}"
             f"{'broker µs/msg off/on':>24}{'loadgen cpu':>14}")]
-    for label, key, ratio_key in (("R1 ingest", "r1_ingest", "tls_ingest_ratio"),
-                                  ("R1 catch-up", "r1_catchup", "tls_catchup_ratio"),
-                                  ("R3 ingest", "r3_ingest", "tls_r3_ingest_ratio")):
+    for label, key, ratio_key in (("R1 ingest", "r1_ingest", "tls_ingest"),
+                                  ("R1 catch-up", "r1_catchup", "tls_catchup"),
+                                  ("R3 ingest", "r3_ingest", "tls_r3_ingest")):
         off, on = r[key]["off"], r[key]["on"]
         rows.append(f"{label:<14}{off['msgs_per_s']:>12,.0f}{on['msgs_per_s']:>12,.0f}"
-                    f"{r[ratio_key]:>8.2f}"
+                    f"{r[ratio_key + '_ratio']:>8.2f}{r[ratio_key + '_cpu_ratio']:>10.2f}"
                     f"{off['broker_cpu_us_per_msg']:>12.1f}/{on['broker_cpu_us_per_msg']:<11.1f}"
                     f"{off['loadgen_cpu_share']:>7.2f}/{on['loadgen_cpu_share']:.2f}")
     raft = r["raft"]
