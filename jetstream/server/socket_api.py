@@ -251,8 +251,6 @@ class Connection:
     async def _send_pieces(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,
                            pieces: list[FileSlice]) -> bool:
         """Send each slice with sendfile; False when one came out short."""
-        if writer.get_extra_info("sslcontext") is not None:
-            return await _send_pieces_tls(loop, writer, pieces)
         for piece in pieces:
             # Wraps an open descriptor for sendfile: no file is opened, nothing blocks.
             with open(piece.fd, "rb", buffering=0, closefd=False) as f:  # noqa: ASYNC230
@@ -264,19 +262,26 @@ class Connection:
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
         writer = self._writer
+        tls = writer.get_extra_info("sslcontext") is not None
         while True:
             answer = await self._answers.get()
             if answer is None:
                 return
             try:
-                writer.write(answer.data)
                 if answer.pieces:
-                    await writer.drain()
-                    if not await self._send_pieces(loop, writer, answer.pieces):
+                    if tls:
+                        sent = await _send_tls(loop, writer, answer.data, answer.pieces)
+                    else:
+                        writer.write(answer.data)
+                        await writer.drain()
+                        sent = await self._send_pieces(loop, writer, answer.pieces)
+                    if not sent:
                         # A segment shrank under us (truncation): the frame is broken.
                         writer.close()
                         return
-                elif self._answers.empty():
+                else:
+                    writer.write(answer.data)
+                if not answer.pieces and self._answers.empty():
                     await writer.drain()
             except (ConnectionError, OSError):
                 return
@@ -289,21 +294,25 @@ class Connection:
                 return
 
 
-async def _send_pieces_tls(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,
-                           pieces: list[FileSlice]) -> bool:
-    """TLS has no zero-copy path: read each slice with `pread` in a thread (never moving a
-    descriptor's shared position, which concurrent answers from one segment rely on) and
-    write it through the TLS transport, TLS_CHUNK_BYTES at a time, waiting for room."""
+async def _send_tls(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,
+                    head: bytes, pieces: list[FileSlice]) -> bool:
+    """An answer and the slices it carries, over TLS, which has no zero-copy path: each
+    slice is read with `pread` (never moving a descriptor's shared position, which
+    concurrent answers from one segment rely on). A small answer (a follower's fetch of the
+    newest records, in the page cache) is read on the loop and written as one piece, one TLS
+    record where it fits; a larger one is read in a thread TLS_CHUNK_BYTES at a time and
+    written as it comes, waiting for room. False when a slice came out short."""
     if sum(piece.length for piece in pieces) <= TLS_INLINE_BYTES:
-        # A small answer (a follower's fetch of the newest records, in the page cache): one
-        # thread hop would cost more than the reads.
+        parts = [head]
         for piece in pieces:
             data = os.pread(piece.fd, piece.length, piece.position)
             if len(data) != piece.length:
                 return False
-            writer.write(data)
+            parts.append(data)
+        writer.write(b"".join(parts))
         await writer.drain()
         return True
+    writer.write(head)
     for piece in pieces:
         position, end = piece.position, piece.position + piece.length
         while position < end:
