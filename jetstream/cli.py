@@ -201,7 +201,8 @@ def _server(args: argparse.Namespace) -> int:
             print(json.dumps({"event": "ready", "brokers": f"{info['host']}:{info['port']}",
                               **info}), flush=True)
         else:
-            tls, http = ("tls ", "https") if info["tls"] else ("", "http")
+            tls = "tls " if info["tls"] else ""
+            http = "https" if info["http_tls"] else "http"
             print(f"jetstream broker {info['broker_id']} ready: socket {tls}{info['host']}:"
                   f"{info['port']}  http {http}://{info['host']}:{info['http_port']}  "
                   f"nats {info['nats_url']}", flush=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from jetstream.client.client import parse_brokers, wants_tls
 from jetstream.errors import (
     InvalidConfig,
     TlsCertExpired,
@@ -174,3 +175,10 @@ def test_health_lists_open_listeners_only_when_started_insecure() -> None:
         "socket API on 10.0.0.5 needs tls_cert/tls_key and tls_verify_client (with tls_ca)"]
     assert insecure_listeners(BrokerConfig(insecure=True), True) == []
     assert insecure_listeners(BrokerConfig(host="10.0.0.5"), False) is None
+
+
+def test_broker_addresses_may_name_their_scheme() -> None:
+    brokers = "jetstreams://a:7400, jetstreams://b:7401"
+    assert parse_brokers(brokers) == ["a:7400", "b:7401"] and wants_tls(brokers)
+    assert parse_brokers(["jetstream://a:1"]) == ["a:1"] and not wants_tls("jetstream://a:1")
+    assert not wants_tls("a:1,b:2")
