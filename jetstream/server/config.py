@@ -292,7 +292,7 @@ class BrokerConfig:
             return None
         return TlsFiles(cert, self.http_tls_key or self.tls_key,
                         self.http_tls_ca or self.tls_ca, self.http_tls_verify_client,
-                        self.tls_min_version)
+                        self.tls_min_version, "http_tls" if self.http_tls_cert else "tls")
 
     @property
     def peer_tls(self) -> TlsFiles | None:
@@ -310,7 +310,7 @@ class BrokerConfig:
                 or any(u.startswith("tls://") for u in self.nats_urls)):
             return None
         return TlsFiles(self.nats_tls_cert, self.nats_tls_key, self.nats_tls_ca, False,
-                        self.tls_min_version)
+                        self.tls_min_version, "nats_tls")
 
     @classmethod
     def load(cls, file: str | Path | None = None, env: Mapping[str, str] | None = None,

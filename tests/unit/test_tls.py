@@ -147,7 +147,9 @@ def test_tls_settings_that_go_together() -> None:
     assert config.http_tls == TlsFiles("c", "k", "ca", False, setting="tls")
     assert config.peer_tls == TlsFiles("c", "k", "ca", False)
     assert BrokerConfig().nats_tls is None
-    assert BrokerConfig(nats_url="tls://n:4222").nats_tls == TlsFiles()
+    assert BrokerConfig(nats_url="tls://n:4222").nats_tls == TlsFiles(setting="nats_tls")
+    own = BrokerConfig(tls_cert="c", tls_key="k", http_tls_cert="h", http_tls_key="hk")
+    assert own.http_tls == TlsFiles("h", "hk", setting="http_tls")  # errors name http_tls_*
 
 
 def test_loopback_needs_nothing_and_every_other_address_names_what_it_lacks() -> None:
