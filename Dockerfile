@@ -6,4 +6,6 @@ COPY jetstream ./jetstream
 RUN pip install --no-cache-dir .
 VOLUME ["/data"]
 ENTRYPOINT ["jetstream"]
-CMD ["server", "--data-dir", "/data", "--host", "0.0.0.0"]
+# Loopback unless told otherwise: off loopback a broker needs TLS and a Raft password
+# (see docker-compose.yml and README "Security").
+CMD ["server", "--data-dir", "/data"]

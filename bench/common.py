@@ -21,6 +21,7 @@ from typing import Any
 
 import nats
 
+from jetstream.server.process import BrokerProcess
 from jetstream.stream.config import MiB
 
 JsonObject = dict[str, Any]
@@ -73,8 +74,10 @@ def no_op_responder(url: str, subject: str) -> Iterator[None]:
 
 # -- the publisher --------------------------------------------------------------------------
 
-async def publish_pipelined(url: str, messages: Sequence[Message], window: int) -> JsonObject:
-    nc = await nats.connect(url, pending_size=64 * MiB)
+async def publish_pipelined(url: str, messages: Sequence[Message], window: int,
+                            **connect_options: Any) -> JsonObject:
+    """`connect_options` go to nats-py's connect (`tls=`, credentials)."""
+    nc = await nats.connect(url, pending_size=64 * MiB, **connect_options)
     inbox = nc.new_inbox()
     count = len(messages)
     sent_at = [0.0] * count
@@ -169,6 +172,15 @@ async def publish_paced(url: str, subject: str, payload: bytes, rate: int, start
             "ack_max_ms": max(measured) * 1000,
             "send_lag_p99_ms": percentile(lags[first:], 99) * 1000,
             "errors": int(state["errors"])}
+
+
+async def start_together(brokers: Sequence[BrokerProcess], deadline_s: float) -> None:
+    """Launch every broker, then wait until each is ready: brokers of a cluster become ready
+    only together, once a majority of them runs."""
+    for broker in brokers:
+        broker.start(wait=False)
+    for broker in brokers:
+        await asyncio.to_thread(broker.wait_ready, deadline_s)
 
 
 def bench_main(name: str, doc: str | None, argv: Sequence[str] | None,

@@ -46,12 +46,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import nats
 
 import jetstream
-from bench.common import percentile
+from bench.common import percentile, start_together
 from bench.ingest import (
     PAYLOAD,
     RESULTS_DIR,
@@ -61,7 +61,7 @@ from bench.ingest import (
 )
 from jetstream.client import PartitionInfo, StreamInfo
 from jetstream.errors import JetstreamError
-from jetstream.natsd import NatsCluster, NatsServer, free_ports
+from jetstream.natsd import NatsCluster, NatsServer, ServerTls, free_ports
 from jetstream.server.process import BrokerProcess
 
 T = TypeVar("T")
@@ -113,23 +113,27 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], what: str,
 
 
 class OurCluster:
-    """One plain nats-server and BROKERS broker processes with default settings."""
+    """One plain nats-server and BROKERS broker processes with default settings (or
+    `count` brokers, one without `--cluster`, with `extra_args`, and a nats-server with
+    `nats_tls`: bench.security's secured setups)."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, count: int = BROKERS, nats_tls: ServerTls | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.work = work
-        self.nats = NatsServer(work, name="nats")
+        self.nats = NatsServer(work, name="nats", tls=nats_tls)
+        self.count = count
+        self.extra_args = extra_args
         self.brokers: list[BrokerProcess] = []
 
-    async def __aenter__(self) -> OurCluster:
+    async def __aenter__(self) -> Self:
         await self.nats.astart()
-        spec = ",".join(f"{i}@127.0.0.1:{port}" for i, port in enumerate(free_ports(BROKERS)))
+        spec = ",".join(f"{i}@127.0.0.1:{p}" for i, p in enumerate(free_ports(self.count)))
+        cluster = ("--cluster", spec) if self.count > 1 else ()
         self.brokers = [BrokerProcess(self.work / f"broker{i}", self.nats.url, broker_id=i,
-                                      extra_args=("--cluster", spec)) for i in range(BROKERS)]
+                                      extra_args=(*cluster, *self.extra_args))
+                        for i in range(self.count)]
         try:
-            for broker in self.brokers:
-                broker.start(wait=False)
-            for broker in self.brokers:  # ready only together, once a majority runs
-                await asyncio.to_thread(broker.wait_ready, DEADLINE_S)
+            await start_together(self.brokers, DEADLINE_S)
         except BaseException:
             await self.__aexit__()
             raise

@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jetstream.cli_client import add_commands
 from jetstream.cli_kv import KeyArgumentError
@@ -61,7 +61,7 @@ def _dev(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from jetstream.natsd import NatsServer
+    from jetstream.natsd import NatsServer, ServerTls
     from jetstream.server.broker import Broker
     from jetstream.server.config import BrokerConfig
 
@@ -71,6 +71,7 @@ def _dev(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     nats_port, ports = _dev_ports()
     cluster = ",".join(f"{i}@127.0.0.1:{p['raft']}" for i, p in enumerate(ports))
+    tls = _dev_tls(data_dir) if args.tls else {}
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -78,18 +79,21 @@ def _dev(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         (data_dir / "nats").mkdir(parents=True, exist_ok=True)
-        nats_server = await NatsServer(data_dir / "nats", name="dev-nats",
-                                       port=nats_port).astart()
+        nats_tls = ServerTls(tls["nats"], tls["nats_key"], tls["ca"], verify=True) if tls \
+            else None
+        nats_server = await NatsServer(data_dir / "nats", name="dev-nats", port=nats_port,
+                                       tls=nats_tls).astart()
         brokers = [Broker(BrokerConfig(
             broker_id=i, data_dir=str(data_dir / f"broker-{i}"), port=p["port"],
-            http_port=p["http_port"], nats_url=nats_server.url, cluster=cluster))
+            http_port=p["http_port"], nats_url=nats_server.url, cluster=cluster,
+            **_dev_broker_tls(tls)))
             for i, p in enumerate(ports)]
         try:
             # Together: each waits for a majority of the metadata group before it is ready.
             await asyncio.gather(*(b.start() for b in brokers))
             _freeze_startup_objects()
             _print_dev_ready(args, data_dir, nats_server.url,
-                             [b.describe_self() for b in brokers])
+                             [b.describe_self() for b in brokers], tls)
             await stop.wait()
         finally:
             # The whole cluster stops: no leadership hand-over between dying brokers.
@@ -107,24 +111,70 @@ def _dev(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dev_tls(data_dir: Path) -> dict[str, str]:
+    """A throwaway CA, the brokers' and NATS's certificates, a client's, and a Raft
+    password, in <data_dir>/tls (reused when `--data-dir` kept them)."""
+    from jetstream.security.certs import ensure_leaves
+
+    loopback = ("127.0.0.1", "localhost")
+    return ensure_leaves(data_dir / "tls", [("broker", loopback), ("nats", loopback),
+                                             ("client", ("client",))], ["raft-password"])
+
+
+def _dev_broker_tls(tls: dict[str, str]) -> dict[str, Any]:
+    """A dev broker's settings for `_dev_tls`'s files: mutual TLS on its socket and HTTP
+    APIs and to NATS, an encrypted metadata Raft group."""
+    if not tls:
+        return {}
+    return {"tls_cert": tls["broker"], "tls_key": tls["broker_key"], "tls_ca": tls["ca"],
+            "tls_verify_client": True, "http_tls_verify_client": True,
+            "raft_password_file": tls["raft-password"], "nats_tls_ca": tls["ca"],
+            "nats_tls_cert": tls["broker"], "nats_tls_key": tls["broker_key"]}
+
+
 def _print_dev_ready(args: argparse.Namespace, data_dir: Path, nats_url: str,
-                     infos: list[dict[str, object]]) -> None:
-    addresses = ",".join(f"{i['host']}:{i['port']}" for i in infos)
+                     infos: list[dict[str, object]], tls: dict[str, str]) -> None:
+    scheme = "jetstreams://" if tls else ""
+    addresses = ",".join(f"{scheme}{i['host']}:{i['port']}" for i in infos)
+    http = "https" if tls else "http"
     if args.json:
         print(json.dumps({"event": "ready", "brokers": addresses, "nats_url": nats_url,
                           "data_dir": str(data_dir), "pid": os.getpid(),
-                          "broker_info": infos}), flush=True)
+                          "broker_info": infos, "tls": tls}), flush=True)
         return
     lines = [(f"Jetstream dev: embedded NATS and a {len(infos)}-broker cluster "
-             f"(data in {data_dir})"), f"  NATS          {nats_url}"]
+             f"(data in {data_dir}{', TLS everywhere' if tls else ''})"),
+             f"  NATS          {nats_url}"]
     lines.extend(f"  broker {info['broker_id']}      {info['host']}:{info['port']}   "
-                 f"HTTP http://{info['host']}:{info['http_port']} (docs: /docs)"
+                 f"HTTP {http}://{info['host']}:{info['http_port']} (docs: /docs)"
                  for info in infos)
-    lines += ["", "Try, in another terminal:", f"  export JETSTREAM_BROKERS={addresses}",
+    exports = [f"  export JETSTREAM_BROKERS={addresses}"]
+    if tls:
+        exports += [f"  export JETSTREAM_CLIENT_TLS_CA={tls['ca']}",
+                    f"  export JETSTREAM_CLIENT_TLS_CERT={tls['client']}",
+                    f"  export JETSTREAM_CLIENT_TLS_KEY={tls['client_key']}",
+                    (f"  # curl --cacert {tls['ca']} --cert {tls['client']} --key "
+                     f"{tls['client_key']} https://127.0.0.1:{infos[0]['http_port']}/health")]
+    lines += ["", "Try, in another terminal:", *exports,
               "  jetstream stream create orders --subject 'orders.*'",
               "  jetstream pub orders.new 'hello'", "  jetstream sub orders --from earliest",
               "  jetstream cluster status", "", "Ctrl-C stops it."]
     print("\n".join(lines), flush=True)
+
+
+def _certs(args: argparse.Namespace) -> int:
+    """`jetstream certs DIR --leaf broker=broker0,broker1 --secret raft-password`."""
+    from jetstream.security.certs import ensure_leaves
+
+    leaves = []
+    for item in args.leaf:
+        name, sep, hosts = item.partition("=")
+        if not sep or not name or not hosts:
+            raise UsageError(f"--leaf takes NAME=HOST,..., got {item!r}")
+        leaves.append((name, [h.strip() for h in hosts.split(",") if h.strip()]))
+    paths = ensure_leaves(Path(args.directory), leaves, args.secret)
+    print(json.dumps(paths) if args.json else "\n".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
 
 
 def _server(args: argparse.Namespace) -> int:
@@ -151,8 +201,10 @@ def _server(args: argparse.Namespace) -> int:
             print(json.dumps({"event": "ready", "brokers": f"{info['host']}:{info['port']}",
                               **info}), flush=True)
         else:
-            print(f"jetstream broker {info['broker_id']} ready: socket {info['host']}:"
-                  f"{info['port']}  http http://{info['host']}:{info['http_port']}  "
+            tls = "tls " if info["tls"] else ""
+            http = "https" if info["http_tls"] else "http"
+            print(f"jetstream broker {info['broker_id']} ready: socket {tls}{info['host']}:"
+                  f"{info['port']}  http {http}://{info['host']}:{info['http_port']}  "
                   f"nats {info['nats_url']}", flush=True)
         await broker.run_until_stopped()
 
@@ -200,9 +252,14 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML file of broker settings")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     for f in fields(BrokerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":  # a switch: present means true (--insecure, --tls-verify-client)
+            parser.add_argument(flag, dest=f.name, action="store_true", default=None,
+                                help=f"(default {f.default!r})")
+            continue
         kind = int if f.type == "int" else str
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind,
-                            default=None, help=f"(default {f.default!r})")
+        parser.add_argument(flag, dest=f.name, type=kind, default=None,
+                            help=f"(default {f.default!r})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,12 +276,29 @@ def build_parser() -> argparse.ArgumentParser:
     client_flags = argparse.ArgumentParser(add_help=False, parents=[json_flag])
     client_flags.add_argument("--brokers", metavar="HOST:PORT,...", default=argparse.SUPPRESS,
                               help=brokers_help)
+    for name, what in (("ca", "CA bundle that signed the brokers' certificates"),
+                       ("cert", "this client's certificate (brokers verifying clients)"),
+                       ("key", "this client's private key")):
+        client_flags.add_argument(f"--tls-{name}", metavar="PEM", default=argparse.SUPPRESS,
+                                  help=f"TLS: {what} (default: $JETSTREAM_CLIENT_TLS_"
+                                       f"{name.upper()})")
 
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser("dev", parents=[json_flag],
                          help="embedded NATS + a local broker, nothing to set up")
     dev.add_argument("--data-dir", help="keep the data here (default: a temp dir, removed)")
+    dev.add_argument("--tls", action="store_true",
+                     help="secure every link: a throwaway CA in <data-dir>/tls, mutual TLS, "
+                          "NATS over TLS, an encrypted metadata Raft group")
     dev.set_defaults(func=_dev)
+    certs = sub.add_parser("certs", parents=[json_flag],
+                           help="a CA, certificates and secrets for a cluster")
+    certs.add_argument("directory", help="where the files go (an existing CA there is reused)")
+    certs.add_argument("--leaf", action="append", default=[], metavar="NAME=HOST,...",
+                       help="issue NAME.pem/NAME.key for these hosts (kept if they exist)")
+    certs.add_argument("--secret", action="append", default=[], metavar="NAME",
+                       help="write a random secret to NAME (kept if it exists)")
+    certs.set_defaults(func=_certs)
     server = sub.add_parser("server", parents=[json_flag], help="run one broker")
     _add_broker_flags(server)
     server.set_defaults(func=_server)

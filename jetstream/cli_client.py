@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -45,6 +46,7 @@ from jetstream.cli_text import (
 
 if TYPE_CHECKING:  # the client (and nats-py) load only when a client command runs
     from jetstream.client import Ack, Client, StreamInfo, Subscription
+    from jetstream.security.tls import TlsArguments
 
 BROKERS_ENV = "JETSTREAM_BROKERS"
 #: How long `pub` waits for an ack.
@@ -75,9 +77,23 @@ def brokers_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ
     if not text.strip():
         raise UsageError(f"no brokers: pass --brokers HOST:PORT,... or set {BROKERS_ENV}")
     try:
-        return ",".join(parse_brokers(text))
+        parse_brokers(text)  # checks them; the jetstreams:// scheme stays for connect
+        return ",".join(item.strip() for item in text.split(",") if item.strip())
     except ProtocolError as exc:
         raise UsageError(f"--brokers {text!r}: {exc}") from None
+
+
+def tls_options(args: argparse.Namespace,
+                environ: dict[str, str] | os._Environ[str]) -> TlsArguments:
+    """The client's TLS files from --tls-ca/--tls-cert/--tls-key, else the
+    JETSTREAM_CLIENT_TLS_* environment variables (a `jetstreams://` broker asks for TLS on
+    its own)."""
+    def one(name: str) -> str | None:
+        return getattr(args, name, None) or environ.get(f"JETSTREAM_CLIENT_{name.upper()}")
+
+    found: TlsArguments = {"tls_ca": one("tls_ca"), "tls_cert": one("tls_cert"),
+                           "tls_key": one("tls_key")}
+    return found
 
 
 class Progress:
@@ -228,7 +244,7 @@ async def stream_delete(js: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _own_entry(address: str, broker_id: int) -> dict[str, Any]:
+async def _own_entry(address: str, broker_id: int, tls: ssl.SSLContext | None) -> dict[str, Any]:
     """A broker's entry of the broker list as that broker gives it: only it knows its NATS
     connection (URL and state). {} when it cannot be asked in SELF_REPORT_TIMEOUT_S."""
     from jetstream.client import BrokerConnection
@@ -237,7 +253,7 @@ async def _own_entry(address: str, broker_id: int) -> dict[str, Any]:
 
     conn = BrokerConnection(address, client_id="jetstream-cli",
                             connect_timeout_s=SELF_REPORT_TIMEOUT_S,
-                            request_timeout_s=SELF_REPORT_TIMEOUT_S)
+                            request_timeout_s=SELF_REPORT_TIMEOUT_S, tls=tls)
     try:
         await conn.open()
         response = await conn.request(m.MetadataRequest([]))  # no streams: brokers only
@@ -257,7 +273,7 @@ async def cluster_status(js: Client, args: argparse.Namespace) -> int:
     await js.refresh_metadata()  # brokers and the metadata leader
     # Each broker is asked for its own NATS connection and data disk, as a partition's leader
     # is for its offsets below; one that does not answer shows "-" (null).
-    own = await asyncio.gather(*(_own_entry(b.address, b.id) for b in js.brokers))
+    own = await asyncio.gather(*(_own_entry(b.address, b.id, js.tls) for b in js.brokers))
     brokers = [{**asdict(b), "address": b.address,
                 "nats_url": entry.get("nats_url") or b.nats_url or None,
                 "nats_state": entry.get("nats_state"),
@@ -462,7 +478,7 @@ def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
         async def with_client() -> int:
             import jetstream.client
 
-            async with jetstream.client.connect(brokers) as js:
+            async with jetstream.client.connect(brokers, **tls_options(args, os.environ)) as js:
                 return await command(js, args)
 
         return asyncio.run(with_client())

@@ -181,6 +181,57 @@ class InvalidConfig(JetstreamError):
     code = "INVALID_CONFIG"
 
 
+# -- security ----------------------------------------------------------------------------------
+
+
+class TlsConfigError(InvalidConfig):
+    """A TLS setting names certificates that cannot be used. `field` names the setting and
+    `path` the file; fix the file or the setting and start again (or send SIGHUP again)."""
+
+    code = "TLS_CONFIG"
+
+
+class TlsFileUnreadable(TlsConfigError):
+    """A certificate, key or CA file cannot be read or is not PEM of what it should hold."""
+
+    code = "TLS_FILE_UNREADABLE"
+
+
+class TlsKeyMismatch(TlsConfigError):
+    """The private key does not belong to the certificate (or the key's passphrase is
+    missing): give the key the certificate was issued for."""
+
+    code = "TLS_KEY_MISMATCH"
+
+
+class TlsCertExpired(TlsConfigError):
+    """The certificate's validity ended (`not_after`): renew it."""
+
+    code = "TLS_CERT_EXPIRED"
+
+
+class TlsCertNotYetValid(TlsConfigError):
+    """The certificate's validity has not begun (`not_before`): check the clocks, or wait."""
+
+    code = "TLS_CERT_NOT_YET_VALID"
+
+
+class InsecureListener(InvalidConfig):
+    """A listener (socket API, HTTP API or metadata Raft) binds to an address off loopback
+    without the protection that address needs. The message names the setting to add; pass
+    `--insecure` only on a network every host of which is trusted."""
+
+    code = "INSECURE_LISTENER"
+
+
+class TooManyConnections(JetstreamError):
+    """The listener holds its `connections_max` connections already: this one is closed.
+    Retry later, or share connections (a client keeps one per broker)."""
+
+    code = "TOO_MANY_CONNECTIONS"
+    retriable = True
+
+
 # -- embedded NATS server ----------------------------------------------------------------------
 
 

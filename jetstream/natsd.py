@@ -137,6 +137,24 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerTls:
+    """TLS of a server's client port (nats-server's `tls` block): its certificate and key,
+    the CA bundle that verifies clients, and whether it requires client certificates."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str = ""
+    verify: bool = False
+
+    def block(self) -> dict[str, Any]:
+        block: dict[str, Any] = {"cert_file": self.cert_file, "key_file": self.key_file,
+                                 "verify": self.verify, "min_version": "1.2"}
+        if self.ca_file:
+            block["ca_file"] = self.ca_file
+        return block
+
+
+@dataclass(frozen=True, slots=True)
 class _Ports:
     """The ports of one launch; 0 means "pick a free one", None "no such listener"."""
 
@@ -190,7 +208,8 @@ class NatsServer(_Lifecycle):
     `port` 0 and `monitor_port` 0 pick free ports (None: no monitor). `jetstream` enables
     JetStream with its store in `store_dir` (default `<work_dir>/<name>.store`). `config` holds
     extra nats-server settings written to `<work_dir>/<name>.conf`, e.g.
-    `{"jetstream": {"sync_interval": "always"}}`.
+    `{"jetstream": {"sync_interval": "always"}}` or `{"authorization": {"token": "..."}}`.
+    `tls` puts the client port on TLS only (its URL is then tls://).
     """
 
     def __init__(
@@ -206,8 +225,12 @@ class NatsServer(_Lifecycle):
         config: Mapping[str, Any] | None = None,
         binary: Path | str | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
+        tls: ServerTls | None = None,
     ) -> None:
         _check_config(config or {}, jetstream)
+        if tls is not None:
+            config = {**(config or {}), "tls": tls.block()}
+        self.tls = tls
         self.work_dir = Path(work_dir)
         self.name = name
         self.jetstream = jetstream
@@ -231,7 +254,7 @@ class NatsServer(_Lifecycle):
 
     @property
     def url(self) -> str:
-        return f"nats://{HOST}:{self.port}"
+        return f"{'tls' if self.tls is not None else 'nats'}://{HOST}:{self.port}"
 
     @property
     def monitor_url(self) -> str | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from jetstream.natsd import NatsServer
+from tests.pki import Pki
 
 
 @pytest.fixture
@@ -21,3 +22,9 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 def nats_url(nats_server: NatsServer) -> str:
     """The `nats://127.0.0.1:PORT` URL of `nats_server`."""
     return nats_server.url
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    """A throwaway CA (trustme) whose certificates are written under the test's directory."""
+    return Pki(tmp_path / "pki")

@@ -22,8 +22,9 @@ start, close, and `subscribe`, which is a partition's or a consumer group's.
 from __future__ import annotations
 
 import os
+import ssl
 import uuid
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any, overload
 
 from jetstream.client.admin import StreamAdmin
@@ -42,19 +43,20 @@ from jetstream.client.routing import Router
 from jetstream.client.subscription import StopAt, Subscription
 from jetstream.client.types import Start
 from jetstream.errors import ProtocolError
+from jetstream.security.tls import client_context
 
 BROKERS_ENV = "JETSTREAM_BROKERS"
+PLAIN_SCHEME = "jetstream://"
+TLS_SCHEME = "jetstreams://"
 METADATA_MAX_AGE_S = 30.0
 
 
 def parse_brokers(brokers: str | Sequence[str] | None) -> list[str]:
     """Bootstrap addresses from "host:port,host:port", a list of them, or (None) the
-    JETSTREAM_BROKERS environment variable. Raises ProtocolError when there are none or one
-    is not host:port."""
-    if brokers is None:
-        brokers = os.environ.get(BROKERS_ENV, "")
-    items = brokers.split(",") if isinstance(brokers, str) else list(brokers)
-    addresses = [item.strip() for item in items if item.strip()]
+    JETSTREAM_BROKERS environment variable; each may carry a `jetstream://` or
+    `jetstreams://` (TLS) prefix. Raises ProtocolError when there are none or one is not
+    host:port."""
+    addresses = [_strip_scheme(item) for item in _broker_items(brokers)]
     if not addresses:
         raise ProtocolError(f"no broker addresses: pass brokers= or set {BROKERS_ENV}",
                             field="brokers")
@@ -66,6 +68,25 @@ def parse_brokers(brokers: str | Sequence[str] | None) -> list[str]:
     return addresses
 
 
+def _broker_items(brokers: str | Sequence[str] | None) -> list[str]:
+    if brokers is None:
+        brokers = os.environ.get(BROKERS_ENV, "")
+    items = brokers.split(",") if isinstance(brokers, str) else list(brokers)
+    return [item.strip() for item in items if item.strip()]
+
+
+def _strip_scheme(item: str) -> str:
+    for scheme in (TLS_SCHEME, PLAIN_SCHEME):
+        if item.startswith(scheme):
+            return item[len(scheme):]
+    return item
+
+
+def wants_tls(brokers: str | Sequence[str] | None) -> bool:
+    """Whether the broker list asks for TLS (a `jetstreams://` address)."""
+    return any(item.startswith(TLS_SCHEME) for item in _broker_items(brokers))
+
+
 def connect(
     brokers: str | Sequence[str] | None = None,
     *,
@@ -75,14 +96,39 @@ def connect(
     request_timeout_s: float = REQUEST_TIMEOUT_S,
     requests_max: int = REQUESTS_MAX,
     metadata_max_age_s: float = METADATA_MAX_AGE_S,
+    tls: ssl.SSLContext | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    nats_options: Mapping[str, Any] | None = None,
 ) -> Client:
     """A client for the brokers at `brokers` (see `parse_brokers`). Use it as
     `async with connect(...) as js:` or `js = await connect(...)` then `await js.close()`.
-    Starting raises BrokerUnavailable when no bootstrap broker answers."""
+    Starting raises BrokerUnavailable when no bootstrap broker answers.
+
+    TLS: `tls_ca` (the CA bundle that signed the brokers' certificates; default: the
+    system's), `tls_cert` and `tls_key` (this client's, for brokers that verify clients), or
+    a ready `tls` context; a `jetstreams://` broker address asks for TLS with the defaults.
+    `nats_options` go to nats-py's `connect` for publishing (`user`, `password`, `token`,
+    `user_credentials`, `tls`); a `tls://` NATS URL without a `tls` option uses the
+    client's TLS context."""
+    if tls is None and (tls_ca or tls_cert or tls_key or wants_tls(brokers)):
+        tls = client_context(tls_ca, tls_cert, tls_key)
     return Client(parse_brokers(brokers), nats_url=nats_url,
                   client_id=client_id or f"jetstream-py-{os.getpid()}-{uuid.uuid4().hex[:8]}",
                   connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s,
-                  requests_max=requests_max, metadata_max_age_s=metadata_max_age_s)
+                  requests_max=requests_max, metadata_max_age_s=metadata_max_age_s, tls=tls,
+                  nats_options=nats_options)
+
+
+def _nats_options(options: Mapping[str, Any] | None,
+                  tls: ssl.SSLContext | None) -> dict[str, Any]:
+    """nats-py options; the client's TLS context serves NATS too unless one is given (it is
+    used only for tls:// URLs or a server that requires TLS)."""
+    out = dict(options or {})
+    if tls is not None:
+        out.setdefault("tls", tls)
+    return out
 
 
 class Client(StreamAdmin, Publishing, Reading, KeyValueReads, ConsumerGroups):
@@ -91,15 +137,19 @@ class Client(StreamAdmin, Publishing, Reading, KeyValueReads, ConsumerGroups):
 
     def __init__(self, bootstrap: list[str], *, nats_url: str | None, client_id: str,
                  connect_timeout_s: float, request_timeout_s: float, requests_max: int,
-                 metadata_max_age_s: float) -> None:
+                 metadata_max_age_s: float, tls: ssl.SSLContext | None = None,
+                 nats_options: Mapping[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
         self.client_id = client_id
+        #: The TLS context of every broker connection (None: plain TCP).
+        self.tls = tls
         self._router = Router(bootstrap, client_id=client_id,
                               connect_timeout_s=connect_timeout_s,
                               request_timeout_s=request_timeout_s, requests_max=requests_max,
-                              metadata_max_age_s=metadata_max_age_s)
+                              metadata_max_age_s=metadata_max_age_s, tls=tls)
         Publishing.__init__(self, nats_url=nats_url, connect_timeout_s=connect_timeout_s,
-                            partition_count=self._router.metadata.partition_count)
+                            partition_count=self._router.metadata.partition_count,
+                            nats_options=_nats_options(nats_options, tls))
         Reading.__init__(self)
         ConsumerGroups.__init__(self, self.partition_subscription)
 

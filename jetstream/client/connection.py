@@ -15,6 +15,11 @@ of the connection itself — refused, reset, closed by the broker, an undecodabl
 stream, no answer in time — are `BrokerUnavailable` (a ConnectionError, retriable): every
 request in flight fails with it, and the connection is closed for good; the client opens a
 new one. A late answer to a request that timed out is dropped.
+
+TLS: given a `tls` context (an ssl.SSLContext), the connection is TLS from its first byte,
+verifying the broker's certificate against the context's CAs and the host name dialled (or
+`server_hostname`); a certificate the broker does not accept, or one of the broker's this
+side does not, fails `open()` with BrokerUnavailable naming the TLS error.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 from typing import Any, TypeVar
 
 from jetstream.errors import BrokerUnavailable, FrameError, JetstreamError
@@ -60,9 +66,13 @@ class BrokerConnection:
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         requests_max: int = REQUESTS_MAX,
         response_bytes_max: int = frames.RESPONSE_FRAME_BYTES_MAX,
+        tls: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> None:
         self.address = address
         self.host, self.port = split_address(address)
+        self.tls = tls
+        self.server_hostname = server_hostname
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -93,11 +103,16 @@ class BrokerConnection:
         reached or does not answer in time, UnsupportedVersion when it speaks another
         protocol version, and the error it answers HELLO with otherwise."""
         try:
+            options: dict[str, Any] = {} if self.tls is None else {
+                "ssl": self.tls, "server_hostname": self.server_hostname or self.host,
+                "ssl_handshake_timeout": self.connect_timeout_s}
             self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=READ_CHUNK_BYTES),
+                asyncio.open_connection(self.host, self.port, limit=READ_CHUNK_BYTES,
+                                        **options),
                 self.connect_timeout_s)
         except (OSError, TimeoutError) as exc:
-            self._failure = BrokerUnavailable(self.address, f"cannot connect: {exc or 'timeout'}")
+            kind = "TLS handshake failed" if isinstance(exc, ssl.SSLError) else "cannot connect"
+            self._failure = BrokerUnavailable(self.address, f"{kind}: {exc or 'timeout'}")
             raise self._failure from None
         self._read_task = asyncio.create_task(self._read_loop(),
                                               name=f"jetstream reader {self.address}")
@@ -108,6 +123,15 @@ class BrokerConnection:
             if frame.kind == frames.Kind.ERROR:
                 raise m.error_from_header(frame.header)
             reply = frames.parse_hello_response(frame.header)
+        except BrokerUnavailable as exc:
+            await self.close()
+            if self.tls is None:
+                raise
+            # Under TLS 1.3 a broker refuses a client certificate after the client's side of
+            # the handshake is done: the refusal shows as the HELLO's connection closing.
+            raise BrokerUnavailable(self.address, f"{exc.fields.get('reason', exc)} (before "
+                                    "HELLO was answered over TLS: the broker may not trust "
+                                    "this side's certificate)") from None
         except BaseException:
             await self.close()
             raise

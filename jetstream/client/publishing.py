@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -42,8 +43,10 @@ class Publishing:
     client_id: str
 
     def __init__(self, *, nats_url: str | None, connect_timeout_s: float,
-                 partition_count: Callable[[str], int]) -> None:
+                 partition_count: Callable[[str], int],
+                 nats_options: Mapping[str, Any] | None = None) -> None:
         self._nats_url = nats_url
+        self._nats_options = dict(nats_options or {})
         self._nats_connect_timeout_s = connect_timeout_s
         self._partitioner = Partitioner(partition_count)
         self._publisher: Publisher | None = None
@@ -140,7 +143,7 @@ class Publishing:
                 connect_timeout=self._nats_connect_timeout_s, max_reconnect_attempts=60,
                 reconnect_time_wait=0.5, pending_size=NATS_PENDING_BYTES,
                 flusher_queue_size=NATS_FLUSHER_QUEUE, error_cb=_quiet, disconnected_cb=_quiet0,
-                reconnected_cb=_quiet0, closed_cb=_quiet0)
+                reconnected_cb=_quiet0, closed_cb=_quiet0, **self._nats_options)
         except Exception as exc:  # nats-py raises several unrelated types
             raise BrokerUnavailable(",".join(urls), f"cannot connect to NATS: "
                                                     f"{exc!r}") from None

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -52,7 +53,7 @@ class Router:
 
     def __init__(self, bootstrap: list[str], *, client_id: str, connect_timeout_s: float,
                  request_timeout_s: float, requests_max: int,
-                 metadata_max_age_s: float) -> None:
+                 metadata_max_age_s: float, tls: ssl.SSLContext | None = None) -> None:
         self.bootstrap = bootstrap
         self.metadata = ClusterMetadata()
         #: The ISR replica each partition read with `read_isr_replica` is fetched from.
@@ -60,7 +61,7 @@ class Router:
         self.closed = False
         self._new_connection = functools.partial(
             BrokerConnection, client_id=client_id, connect_timeout_s=connect_timeout_s,
-            request_timeout_s=request_timeout_s, requests_max=requests_max)
+            request_timeout_s=request_timeout_s, requests_max=requests_max, tls=tls)
         self._metadata_max_age_s = metadata_max_age_s
         self._connections: dict[int, BrokerConnection] = {}
         self._connect_lock = asyncio.Lock()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
@@ -229,10 +230,16 @@ def connect(
     request_timeout_s: float = REQUEST_TIMEOUT_S,
     requests_max: int = REQUESTS_MAX,
     metadata_max_age_s: float = METADATA_MAX_AGE_S,
+    tls: ssl.SSLContext | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    nats_options: Mapping[str, Any] | None = None,
 ) -> SyncClient:
     """A started SyncClient; takes the arguments of jetstream.client.connect. Raises
     BrokerUnavailable when no bootstrap broker answers."""
     return SyncClient(lambda: connect_async(
         brokers, nats_url=nats_url, client_id=client_id, connect_timeout_s=connect_timeout_s,
         request_timeout_s=request_timeout_s, requests_max=requests_max,
-        metadata_max_age_s=metadata_max_age_s))
+        metadata_max_age_s=metadata_max_age_s, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert,
+        tls_key=tls_key, nats_options=nats_options))

@@ -30,6 +30,7 @@ from jetstream.raft_meta.fsm import CreateStream, DeleteStream, UpdateStream
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.security.guard import insecure_listeners
 from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
@@ -201,6 +202,13 @@ class Admin:
             health["disk"] = self._disk.describe()
         if self._files is not None:
             health["files"] = self._files.describe()
+        health["tls"] = {"socket": self._config.socket_tls is not None,
+                         "http": self._config.http_tls is not None,
+                         "nats": self._config.nats_tls is not None}
+        # Started with --insecure: say so on every look, not just once in the log.
+        insecure = insecure_listeners(self._config, self._config.insecure)
+        if insecure is not None:
+            health["insecure"] = insecure
         return health
 
     def render_metrics(self, high_watermarks: Mapping[tuple[str, int], int]) -> str:

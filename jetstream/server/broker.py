@@ -32,12 +32,12 @@ import json
 import logging
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import nats
-
+from jetstream.errors import InsecureListener
 from jetstream.natsd import NatsServer
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.changes import StateRestored, touched
@@ -45,6 +45,8 @@ from jetstream.raft_meta.fsm import Command, RegisterBroker
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import BrokerInfo
 from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.security.guard import exposures, refusal
+from jetstream.security.tls import client_ssl, reload_all, server_ssl
 from jetstream.server.admin import Admin
 from jetstream.server.api import Dispatcher, on
 from jetstream.server.cleaner import CleanerService
@@ -60,7 +62,8 @@ from jetstream.server.http_groups import BrokerClient
 from jetstream.server.integrity import Integrity
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics
-from jetstream.server.nats_port import NatsPort, NatsPyNats, connect_nats
+from jetstream.server.nats_dial import NatsAuth
+from jetstream.server.nats_port import NatsPort, connect_nats
 from jetstream.server.offsets_stream import OffsetsStream
 from jetstream.server.roles import IO_THREADS, Roles
 from jetstream.server.scheduler import Scheduler
@@ -125,6 +128,15 @@ class Broker:
         self._stop.set()
 
     async def start(self) -> None:
+        self._check_exposure()
+        # Build (and so check) every TLS context before anything starts: a bad certificate
+        # is a clear startup error, not a failure of the first connection.
+        for tls in (self.config.socket_tls, self.config.http_tls):
+            server_ssl(tls)
+        for tls in (self.config.peer_tls, self.config.nats_tls):
+            client_ssl(tls)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tls)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self._reserve.ensure():
             log.warning("no room for the %d-byte disk reserve in %s", self._reserve.size_bytes,
@@ -168,7 +180,8 @@ class Broker:
                                      self._dispatcher(admin, roles, kv, offsets, coordinators))
         await self._socket_api.start()
         if self.config.http_port >= 0:
-            self._broker_client = BrokerClient(self._own_address)
+            self._broker_client = BrokerClient(self._own_address,
+                                               client_ssl(self.config.peer_tls))
             self._http = HttpServer(self.config, admin, self._broker_client)
             self.http_port = await self._http.start()
         me = BrokerInfo(self.config.broker_id, self.config.host, self._socket_api.port,
@@ -190,6 +203,27 @@ class Broker:
         ready = json.dumps(self.describe_self()).encode()
         self._reserve.write(lambda: write_atomic(self.data_dir / READY_FILE, ready))
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
+
+    def _check_exposure(self) -> None:
+        """Refuse to start with a listener off loopback that lacks its protection, unless
+        `insecure` (jetstream.security.guard)."""
+        found = exposures(self.config)
+        if not found:
+            return
+        if not self.config.insecure:
+            raise InsecureListener(refusal(found), field=found[0].missing[0].split("/")[0])
+        for exposure in found:
+            log.error("INSECURE (--insecure): %s; anyone who reaches it can %s", exposure,
+                      "run code in this broker" if exposure.listener == "metadata Raft"
+                      else "read, write and delete every stream")
+
+    def reload_tls(self) -> None:
+        """SIGHUP: read every certificate, key and CA file again; new connections use them,
+        open ones carry on. A bad file keeps the old certificate and is logged."""
+        failures = reload_all(time.time())
+        self.metrics.tls_reloads_total += 1
+        if failures:
+            self.metrics.tls_reload_failures_total += 1
 
     async def _watch_disk(self) -> None:
         """Refresh the disk's fill level every disk_check_ms; take the reserve back once
@@ -254,12 +288,12 @@ class Broker:
             await self._nats_server.astart()
             urls = [self._nats_server.url]
         self.nats_url = ",".join(urls)
-        name = f"jetstream-broker-{self.config.broker_id}"
-        if self.config.nats_client == "nats-py":
-            return NatsPyNats(await nats.connect(
-                servers=urls, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                pending_size=64 * 1024 * 1024, flusher_queue_size=16384))
-        return await connect_nats(urls, name)
+        config = self.config
+        auth = NatsAuth(config.nats_user or None, config.nats_password or None,
+                        config.nats_token or None, config.nats_creds or None)
+        return await connect_nats(urls, f"jetstream-broker-{config.broker_id}",
+                                  tls=client_ssl(config.nats_tls), auth=auth,
+                                  fast=config.nats_client == "fast")
 
     def _own_address(self) -> str:
         assert self._socket_api is not None
@@ -269,7 +303,8 @@ class Broker:
         port = self._socket_api.port if self._socket_api is not None else 0
         return {"broker_id": self.config.broker_id, "pid": os.getpid(), "host": self.config.host,
                 "port": port, "http_port": self.http_port, "nats_url": self.nats_url,
-                "data_dir": str(self.data_dir)}
+                "data_dir": str(self.data_dir), "tls": self.config.socket_tls is not None,
+                "http_tls": self.config.http_tls is not None}
 
     async def shutdown(self, *, hand_over: bool = True) -> None:
         """Stop. In a cluster, first hand this broker's leaderships to in-sync followers,

@@ -59,6 +59,7 @@ from jetstream.raft_meta.fsm import (
 )
 from jetstream.raft_meta.model import BrokerInfo, PartitionState
 from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.security.tls import client_ssl
 from jetstream.server.config import BrokerConfig
 from jetstream.server.metadata_batches import Batch, Batcher
 from jetstream.stream.reserve import DiskReserve
@@ -94,7 +95,7 @@ class Cluster:
         partners = [a for bid, a in members.items() if bid != config.broker_id]
         self.metadata = RaftMetadata(
             directory, members[config.broker_id], partners, broker_id=config.broker_id,
-            broker_ids=self.raft_ids, password=config.raft_password or None,
+            broker_ids=self.raft_ids, password=config.metadata_password or None,
             routes=config.raft_route_map, reserve=reserve)
         self.size = len(members)
         self._controller: FailoverController | None = None
@@ -255,7 +256,8 @@ class Cluster:
             return False
         conn = BrokerConnection(address, client_id=f"replica-{self.broker_id}",
                                 connect_timeout_s=REPORT_TIMEOUT_S,
-                                request_timeout_s=REPORT_TIMEOUT_S)
+                                request_timeout_s=REPORT_TIMEOUT_S,
+                                tls=client_ssl(self.config.peer_tls))
         try:
             await conn.open()
             await conn.request(request)
@@ -304,7 +306,8 @@ class Cluster:
                         raise OSError(f"address of broker {leader} unknown")
                     conn = conns[leader] = BrokerConnection(
                         address, client_id=f"broker-{self.broker_id}",
-                        connect_timeout_s=REPORT_TIMEOUT_S, request_timeout_s=REPORT_TIMEOUT_S)
+                        connect_timeout_s=REPORT_TIMEOUT_S, request_timeout_s=REPORT_TIMEOUT_S,
+                        tls=client_ssl(self.config.peer_tls))
                     await conn.open()
                 answer = await conn.request(m.MetadataRequest([stream]))
                 assert isinstance(answer, m.MetadataResponse)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jetstream.errors import InvalidConfig
+from jetstream.security.tls import TLS_VERSIONS, TlsFiles
 from jetstream.stream.config import MiB
 
 ENV_PREFIX = "JETSTREAM_"
@@ -112,7 +113,10 @@ class BrokerConfig:
     raft_routes: str = ""
     peer_routes: str = ""
     #: Password of the metadata Raft group (encrypts and authenticates it); empty: none.
+    #: `raft_password_file` reads it from a file instead (its first line), which keeps it
+    #: out of the process list and the environment.
     raft_password: str = ""
+    raft_password_file: str = ""
     #: A follower that has not caught up for this long leaves the ISR.
     replica_lag_ms_max: int = 10_000
     #: A follower that got no answer from its leader for this long reports it.
@@ -122,6 +126,44 @@ class BrokerConfig:
     replica_fetch_bytes_max: int = 4 * MiB
     #: A broker whose metadata connection is down this long is taken as gone (failover).
     broker_timeout_ms: int = 3_000
+    #: TLS of the socket API (clients, and replication between brokers): this broker's
+    #: certificate chain and key (PEM files, the key unencrypted), and the CA bundle that
+    #: verifies the brokers it dials and, with `tls_verify_client`, every client it accepts
+    #: (mutual TLS: a client without a certificate of that CA is refused). Empty `tls_cert`:
+    #: plain TCP. The broker presents the same certificate when it dials another broker.
+    #: Files are read again on SIGHUP (new connections use them; open ones carry on).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_verify_client: bool = False
+    #: The lowest TLS version accepted or spoken on every link: "1.2" or "1.3".
+    tls_min_version: str = "1.2"
+    #: TLS of the HTTP API; each empty one is the socket API's (`tls_cert`, ...), so setting
+    #: `tls_cert`/`tls_key` puts both listeners on TLS. Mutual TLS is chosen per listener.
+    http_tls_cert: str = ""
+    http_tls_key: str = ""
+    http_tls_ca: str = ""
+    http_tls_verify_client: bool = False
+    #: The broker's NATS connections: a CA bundle for a nats-server with TLS (or `tls://`
+    #: URLs), a client certificate and key when that server verifies clients, and the
+    #: credentials it asks for: a user and password, a token, or a creds file (JWT + nkey).
+    nats_tls_ca: str = ""
+    nats_tls_cert: str = ""
+    nats_tls_key: str = ""
+    nats_user: str = ""
+    nats_password: str = ""
+    nats_token: str = ""
+    nats_creds: str = ""
+    #: Start even though a listener binds off loopback without its protection (see the
+    #: README's "Security"): logged as an error at start and shown in `GET /health`.
+    insecure: bool = False
+    #: A connection that has begun a request frame and sent none of the rest of it for this
+    #: long is closed (slow or stalled senders hold no memory for ever).
+    request_timeout_ms: int = 30_000
+    #: A TLS handshake not finished within this is closed.
+    tls_handshake_timeout_ms: int = 10_000
+    #: Most connections the HTTP API serves at once; past it, 503 answers.
+    http_connections_max: int = 1024
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -130,6 +172,9 @@ class BrokerConfig:
                 raise InvalidConfig(f"{f.name} must be an integer, got {value!r}", field=f.name)
             if f.type == "str" and not isinstance(value, str):
                 raise InvalidConfig(f"{f.name} must be a string, got {value!r}", field=f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise InvalidConfig(f"{f.name} must be true or false, got {value!r}",
+                                    field=f.name)
         _range(self, "broker_id", 0, 2**31 - 1)
         _range(self, "port", 0, 65535)
         _range(self, "http_port", -1, 65535)
@@ -190,6 +235,10 @@ class BrokerConfig:
                                 f"{self.nats_client!r}", field="nats_client")
         if not self.data_dir:
             raise InvalidConfig("data_dir must not be empty", field="data_dir")
+        _range(self, "request_timeout_ms", 100, 3_600_000)
+        _range(self, "tls_handshake_timeout_ms", 100, 600_000)
+        _range(self, "http_connections_max", 1, 1_000_000)
+        check_tls_settings(self)
 
     @property
     def cluster_members(self) -> dict[int, str]:
@@ -210,6 +259,58 @@ class BrokerConfig:
     @property
     def nats_urls(self) -> list[str]:
         return [u.strip() for u in self.nats_url.split(",") if u.strip()]
+
+    @property
+    def metadata_password(self) -> str:
+        """`raft_password`, or the first line of `raft_password_file`; empty: none."""
+        if not self.raft_password_file:
+            return self.raft_password
+        try:
+            with open(self.raft_password_file, encoding="utf-8") as f:
+                password = f.readline().strip()
+        except OSError as exc:
+            raise InvalidConfig(f"cannot read raft_password_file {self.raft_password_file}: "
+                                f"{exc.strerror or exc}", field="raft_password_file") from None
+        if not password:
+            raise InvalidConfig(f"raft_password_file {self.raft_password_file} is empty",
+                                field="raft_password_file")
+        return password
+
+    @property
+    def socket_tls(self) -> TlsFiles | None:
+        """The socket API's TLS files, None for plain TCP."""
+        if not self.tls_cert:
+            return None
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_ca, self.tls_verify_client,
+                        self.tls_min_version)
+
+    @property
+    def http_tls(self) -> TlsFiles | None:
+        """The HTTP API's TLS files (each unset one is the socket API's), None for plain."""
+        cert = self.http_tls_cert or self.tls_cert
+        if not cert:
+            return None
+        return TlsFiles(cert, self.http_tls_key or self.tls_key,
+                        self.http_tls_ca or self.tls_ca, self.http_tls_verify_client,
+                        self.tls_min_version, "http_tls" if self.http_tls_cert else "tls")
+
+    @property
+    def peer_tls(self) -> TlsFiles | None:
+        """What this broker dials other brokers' socket APIs with: their CA, its own
+        certificate (for brokers that verify clients); None when the socket API is plain."""
+        if not self.tls_cert:
+            return None
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_ca, False, self.tls_min_version)
+
+    @property
+    def nats_tls(self) -> TlsFiles | None:
+        """The NATS connections' TLS: None unless a CA, a client certificate or a tls://
+        URL asks for it (then the system's CAs verify the server when no CA is given)."""
+        if not (self.nats_tls_ca or self.nats_tls_cert
+                or any(u.startswith("tls://") for u in self.nats_urls)):
+            return None
+        return TlsFiles(self.nats_tls_cert, self.nats_tls_key, self.nats_tls_ca, False,
+                        self.tls_min_version, "nats_tls")
 
     @classmethod
     def load(cls, file: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -243,8 +344,10 @@ def _known(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     return dict(values)
 
 
-def _parse_env(name: str, raw: str, type_name: object) -> int | str:
+def _parse_env(name: str, raw: str, type_name: object) -> int | str | bool:
     """An environment value as its field's type (`type_name`: the annotation, a string)."""
+    if type_name == "bool":
+        return parse_bool(raw, f"{ENV_PREFIX}{name.upper()}", name)
     if type_name == "int":
         try:
             return int(raw)
@@ -252,6 +355,44 @@ def _parse_env(name: str, raw: str, type_name: object) -> int | str:
             raise InvalidConfig(f"{ENV_PREFIX}{name.upper()} must be an integer, got {raw!r}",
                                 field=name) from None
     return raw
+
+
+def parse_bool(raw: str, where: str, name: str) -> bool:
+    """A yes/no setting given as text (environment, flags)."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise InvalidConfig(f"{where} must be true or false, got {raw!r}", field=name)
+
+
+def check_tls_settings(config: BrokerConfig) -> None:
+    """Settings that only make sense together (the files themselves are checked when the
+    broker builds its TLS contexts, jetstream.security.tls)."""
+    if config.tls_min_version not in TLS_VERSIONS:
+        raise InvalidConfig(f"tls_min_version must be one of {sorted(TLS_VERSIONS)}, got "
+                            f"{config.tls_min_version!r}", field="tls_min_version")
+    pairs = (("tls_cert", "tls_key"), ("http_tls_cert", "http_tls_key"),
+             ("nats_tls_cert", "nats_tls_key"))
+    for cert, key in pairs:
+        if bool(getattr(config, cert)) != bool(getattr(config, key)):
+            missing = key if getattr(config, cert) else cert
+            raise InvalidConfig(f"{cert} and {key} go together: set {missing} too",
+                                field=missing)
+    for listener, verify, tls in (("socket API", "tls_verify_client", config.socket_tls),
+                                  ("HTTP API", "http_tls_verify_client", config.http_tls)):
+        if getattr(config, verify) and (tls is None or not tls.ca):
+            raise InvalidConfig(f"{verify} needs TLS on the {listener} and a CA bundle "
+                                f"(tls_ca) to verify clients with", field=verify)
+    if config.raft_password and config.raft_password_file:
+        raise InvalidConfig("set raft_password or raft_password_file, not both",
+                            field="raft_password_file")
+    if config.nats_token and (config.nats_user or config.nats_creds):
+        raise InvalidConfig("nats_token excludes nats_user and nats_creds", field="nats_token")
+    if bool(config.nats_user) != bool(config.nats_password):
+        raise InvalidConfig("nats_user and nats_password go together",
+                            field="nats_password" if config.nats_user else "nats_user")
 
 
 def _addresses(config: BrokerConfig, name: str) -> dict[int, str]:

@@ -49,6 +49,7 @@ from jetstream.errors import (
 )
 from jetstream.protocol import messages as m
 from jetstream.protocol.envelope import AckPolicy
+from jetstream.security.tls import server_ssl
 from jetstream.server.api import HttpServices
 from jetstream.server.config import BrokerConfig
 from jetstream.server.http_groups import BrokerClient, add_group_routes
@@ -408,8 +409,12 @@ class HttpServer:
         sock.listen(128)
         sock.setblocking(False)
         port: int = sock.getsockname()[1]
-        uv_config = uvicorn.Config(build_app(self._services, self._broker_client),
-                                   log_level="warning", lifespan="off", access_log=False)
+        context = server_ssl(config.http_tls)
+        uv_config = uvicorn.Config(
+            build_app(self._services, self._broker_client), log_level="warning",
+            lifespan="off", access_log=False, limit_concurrency=config.http_connections_max,
+            # The process's live context, which SIGHUP reloads (jetstream.security.tls).
+            ssl_context_factory=None if context is None else lambda *_: context)
         server = self._server = _QuietServer(uv_config)
         task = self._task = asyncio.create_task(server.serve(sockets=[sock]))
         deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S

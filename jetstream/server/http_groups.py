@@ -22,6 +22,7 @@ the same.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
@@ -44,8 +45,9 @@ HW_LOOKUPS_MAX = 10_000
 class BrokerClient:
     """This broker's client of its own socket API, opened on first use."""
 
-    def __init__(self, address: Callable[[], str]) -> None:
+    def __init__(self, address: Callable[[], str], tls: ssl.SSLContext | None = None) -> None:
         self._address = address
+        self._tls = tls
         self._client: Client | None = None
         self._lock = asyncio.Lock()
         self._hws: dict[tuple[str, int], tuple[float, int]] = {}
@@ -55,8 +57,8 @@ class BrokerClient:
             if self._client is None:
                 from jetstream.client import connect
 
-                self._client = await connect(self._address(),
-                                             client_id="jetstream-broker-http").start()
+                self._client = await connect(self._address(), client_id="jetstream-broker-http",
+                                             tls=self._tls).start()
             return self._client
 
     async def close(self) -> None:

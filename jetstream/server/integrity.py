@@ -40,6 +40,7 @@ from jetstream.client.connection import BrokerConnection
 from jetstream.errors import CorruptRecord, JetstreamError, LogClosed, RangeLost, RangeRepairing
 from jetstream.isr.damage import Action, CopyAnswer, decide, peers_to_ask
 from jetstream.protocol import messages as m
+from jetstream.security.tls import client_ssl
 from jetstream.server.config import BrokerConfig
 from jetstream.server.epoch_fence import PartitionKey
 from jetstream.server.roles import Roles
@@ -321,7 +322,8 @@ class Integrity:
             raise OSError(f"address of broker {peer} unknown")
         timeout_s = self._config.replica_leader_timeout_ms / 1000 + 5.0
         conn = BrokerConnection(address, client_id=f"repair-{self._config.broker_id}",
-                                connect_timeout_s=timeout_s, request_timeout_s=timeout_s)
+                                connect_timeout_s=timeout_s, request_timeout_s=timeout_s,
+                                tls=client_ssl(self._config.peer_tls))
         await conn.open()
         try:
             data = bytearray()

@@ -45,6 +45,12 @@ class BrokerMetrics:
     connections_open: int = 0
     requests_total: int = 0
     request_errors_total: int = 0
+    #: Connections closed at once for `connections_max`, and for a stalled request frame.
+    connections_refused_total: int = 0
+    stalled_requests_total: int = 0
+    #: Certificate reloads (SIGHUP), and those where a file was bad (old certificate kept).
+    tls_reloads_total: int = 0
+    tls_reload_failures_total: int = 0
 
 
 def render(partitions: Iterable[tuple[str, int, PartitionMetrics, int]],

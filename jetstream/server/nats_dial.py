@@ -5,8 +5,9 @@ into a ServerAddress with the credentials it carries). `Dialer` owns the order o
 the connection (jetstream.server.nats_ingest) owns what one attempt is (TCP connect and
 handshake: the `dial` callable).
 - The first connect (`dial_first`) tries each server once, in order, and fails with
-  `NatsConnectFailed` listing every server's reason; `NatsUnsupported` (TLS) ends it at once,
-  as no other server would change that answer for the broker's fallback to nats-py.
+  `NatsConnectFailed` listing every server's reason; `NatsUnsupported` (a server requiring
+  TLS of a connection given no TLS context) ends it at once, as no other server would change
+  that answer for the broker's fallback to nats-py.
 - A reconnect (`redial`) goes round-robin from the server after the one that was lost. After
   each round where every server failed it sleeps, starting at `wait_s` and doubling up to
   `wait_max_s`, with jitter (x0.5..1.5) so that brokers that lost the same server do not
@@ -34,6 +35,17 @@ DEFAULT_PORT: Final = 4222
 
 
 @dataclass(frozen=True, slots=True)
+class NatsAuth:
+    """Credentials for servers whose URLs carry none: a user and password, a token, or a
+    creds file (JWT and nkey seed; only nats-py signs with it)."""
+
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ServerAddress:
     """One server of the URL list, with the credentials its URL carries."""
 
@@ -42,20 +54,31 @@ class ServerAddress:
     user: str | None = None
     password: str | None = None
     auth_token: str | None = None
+    #: A tls:// URL: the connection must be TLS even if the server does not ask for it.
+    tls: bool = False
 
     def __str__(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
+
+    def with_auth(self, auth: NatsAuth) -> ServerAddress:
+        """This address with `auth`'s user or token where its URL carries none."""
+        if self.user is not None or self.auth_token is not None:
+            return self
+        return ServerAddress(self.host, self.port, auth.user, auth.password, auth.token,
+                             self.tls)
 
 
 def parse_url(url: str) -> ServerAddress:
-    """`nats://[user:pass@|token@]host[:port]` (or bare `host:port`) as a ServerAddress."""
+    """`nats://[user:pass@|token@]host[:port]` (or `tls://`, or bare `host:port`) as a
+    ServerAddress."""
     if "://" not in url:
         url = "nats://" + url
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "nats":
+    if parts.scheme not in ("nats", "tls"):
         raise NatsUnsupported(f"NATS URL scheme {parts.scheme!r} is not supported (only "
-                              f"plain nats://; TLS and WebSocket need nats-py): {url}",
+                              f"nats:// and tls://; WebSocket needs nats-py): {url}",
                               url=url)
+    tls = parts.scheme == "tls"
     if not parts.hostname:
         raise NatsConnectFailed(f"NATS URL without a host: {url}", url=url)
     try:
@@ -64,9 +87,9 @@ def parse_url(url: str) -> ServerAddress:
         raise NatsConnectFailed(f"bad port in NATS URL {url}", url=url) from exc
     user = urllib.parse.unquote(parts.username) if parts.username else None
     if user is not None and parts.password is None:
-        return ServerAddress(parts.hostname, port, auth_token=user)
+        return ServerAddress(parts.hostname, port, auth_token=user, tls=tls)
     password = urllib.parse.unquote(parts.password) if parts.password is not None else None
-    return ServerAddress(parts.hostname, port, user=user, password=password)
+    return ServerAddress(parts.hostname, port, user=user, password=password, tls=tls)
 
 
 #: One attempt: connect to the server and complete the handshake, or raise.

@@ -12,9 +12,12 @@ Theory of operation
   bytes and writes it once. The transport buffers what the socket does not take; above its
   high-water mark `drain()` waits until it is below the low-water mark again
   (`pause_writing`/`resume_writing`).
-- Handshake: TCP connect, wait for INFO, send CONNECT + PING, wait for PONG (an -ERR, e.g.
-  an authorization violation, fails the attempt), all within `connect_timeout_s`. Servers
-  asking for TLS are refused with `NatsUnsupported`: the broker falls back to nats-py.
+- Handshake: TCP connect, wait for INFO, upgrade to TLS when the server requires it or the
+  URL is tls:// (`loop.start_tls` over the same socket: NATS sends INFO in clear, then
+  both sides speak TLS), send CONNECT + PING, wait for PONG (an -ERR, e.g. an authorization
+  violation, fails the attempt), all within `connect_timeout_s`. A server asking for TLS of
+  a connection given no TLS context is refused with `NatsUnsupported` (the broker then uses
+  nats-py). Credentials come from the URL, else from `auth`.
 - Liveness: a PING every `ping_interval_s`; more than `pings_outstanding_max` unanswered
   PINGs mean a dead peer and the socket is aborted. `flush()` is a PING whose PONG proves the
   server processed everything written before it (our writes are never reordered).
@@ -31,13 +34,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from jetstream.errors import JetstreamError
-from jetstream.server.nats_dial import Dialer, ServerAddress, parse_url
+from jetstream.server.nats_dial import Dialer, NatsAuth, ServerAddress, parse_url
 from jetstream.server.nats_errors import (
     NatsConnectFailed,
     NatsConnectionClosed,
@@ -104,9 +108,13 @@ class IngestConnection(asyncio.Protocol):
     """A NATS connection for subscribe-and-ack ingest; create it with `connect()`."""
 
     def __init__(self, servers: Sequence[ServerAddress], *, name: str | None = None,
-                 config: IngestConfig | None = None) -> None:
+                 config: IngestConfig | None = None, tls: ssl.SSLContext | None = None,
+                 auth: NatsAuth | None = None) -> None:
         self.name = name
         self.config = config or IngestConfig()
+        self._tls = tls
+        if auth is not None:
+            servers = [server.with_auth(auth) for server in servers]
         self._dialer = Dialer(servers, self._connect_to, wait_s=self.config.reconnect_wait_s,
                               wait_max_s=self.config.reconnect_wait_max_s,
                               attempts_max=self.config.reconnect_attempts_max)
@@ -246,9 +254,8 @@ class IngestConnection(asyncio.Protocol):
                 self._handshake = loop.create_future()
                 await loop.create_connection(lambda: self, server.host, server.port)
                 await self._handshake
-                if self.server_info.get("tls_required"):
-                    raise NatsUnsupported(f"{server} requires TLS, which this connection does "
-                                          "not implement: use nats-py", server=str(server))
+                if self.server_info.get("tls_required") or server.tls:
+                    await self._start_tls(server)
                 self._stage = "pong"
                 self._handshake = loop.create_future()
                 options = ConnectOptions(name=self.name, version=VERSION, user=server.user,
@@ -273,6 +280,25 @@ class IngestConnection(asyncio.Protocol):
         self._offline_bytes = 0
         self._connected = True
         self._schedule_ping()
+
+    async def _start_tls(self, server: ServerAddress) -> None:
+        """Carry on over TLS on the same socket (the rest of the handshake included)."""
+        tls = self._tls
+        if tls is None and server.tls:
+            tls = ssl.create_default_context()
+        if tls is None:
+            raise NatsUnsupported(f"{server} requires TLS and this connection was given no "
+                                  "TLS context", server=str(server))
+        transport = self._transport
+        assert transport is not None
+        upgraded = await asyncio.get_running_loop().start_tls(
+            transport, self, tls, server_hostname=server.host,
+            ssl_handshake_timeout=self.config.connect_timeout_s)
+        if upgraded is None:
+            raise NatsConnectFailed(f"{server}: the connection closed during the TLS handshake")
+        self._transport = upgraded
+        upgraded.set_write_buffer_limits(high=self.config.write_buffer_high_bytes,
+                                         low=self.config.write_buffer_low_bytes)
 
     async def _reconnect(self) -> None:
         try:
@@ -462,12 +488,14 @@ class IngestConnection(asyncio.Protocol):
 
 
 async def connect(urls: str | Sequence[str], *, name: str | None = None,
-                  config: IngestConfig | None = None) -> IngestConnection:
+                  config: IngestConfig | None = None, tls: ssl.SSLContext | None = None,
+                  auth: NatsAuth | None = None) -> IngestConnection:
     """Connect to the first server of `urls` that accepts (comma-separated in one string, or
-    a list). Raises `NatsUnsupported` for tls:// (or a server that requires TLS) and
-    `NatsConnectFailed` when no server accepts."""
+    a list). Raises `NatsUnsupported` for a server that requires TLS when no `tls` context
+    is given, and `NatsConnectFailed` when no server accepts."""
     if isinstance(urls, str):
         urls = [url.strip() for url in urls.split(",") if url.strip()]
-    conn = IngestConnection([parse_url(url) for url in urls], name=name, config=config)
+    conn = IngestConnection([parse_url(url) for url in urls], name=name, config=config,
+                            tls=tls, auth=auth)
     await conn._dialer.dial_first()
     return conn

@@ -5,7 +5,8 @@ subject (a queue subscription for a group), take what arrived in batches, and pu
 small acks at once. `FastNats` does it over jetstream.server.nats_ingest, a minimal NATS
 client that parses the protocol in bulk (about 3x less CPU per message than nats-py, see
 bench/nats_ingest_compare.py). `NatsPyNats` does the same over nats-py, for what the fast
-client does not speak (TLS, nkeys/creds). `connect_nats` picks the fast one when it can.
+client does not speak (a creds file's nkey signature, WebSocket). `connect_nats` picks the
+fast one when it can.
 Both report their connection `state` (connected, reconnecting, closed) for the broker's
 status answers.
 
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import nats
 from nats.aio.client import Client as NatsPyClient
@@ -26,6 +28,7 @@ from nats.aio.msg import Msg as NatsPyMsg
 from nats.aio.subscription import Subscription as NatsPySubscription
 
 from jetstream.server import nats_ingest
+from jetstream.server.nats_dial import NatsAuth
 from jetstream.server.nats_errors import NatsUnsupported
 from jetstream.server.nats_subscription import IngestSubscription
 from jetstream.server.nats_wire import NatsMsg, pub_commands
@@ -187,13 +190,23 @@ class NatsPyNats:
         await self._nc.drain()
 
 
-async def connect_nats(urls: list[str], name: str) -> NatsPort:
-    """The fast client when every URL is one it speaks, else nats-py."""
-    try:
-        return FastNats(await nats_ingest.connect(urls, name=name))
-    except NatsUnsupported as exc:
-        log.info("NATS at %s needs nats-py (%s)", urls, exc)
+async def connect_nats(urls: list[str], name: str, *, tls: ssl.SSLContext | None = None,
+                       auth: NatsAuth | None = None, fast: bool = True) -> NatsPort:
+    """The fast client when `fast` and it speaks what the servers ask for (a creds file
+    needs nats-py's nkey signing), else nats-py. `tls` is used with servers that require
+    TLS and tls:// URLs; `auth` where a URL carries no credentials."""
+    auth = auth or NatsAuth()
+    if fast and auth.creds_file is None:
+        try:
+            return FastNats(await nats_ingest.connect(urls, name=name, tls=tls, auth=auth))
+        except NatsUnsupported as exc:
+            log.info("NATS at %s needs nats-py (%s)", urls, exc)
+    options: dict[str, Any] = {"user": auth.user, "password": auth.password,
+                               "token": auth.token, "user_credentials": auth.creds_file}
+    if tls is not None:
+        options["tls"] = tls
     nc = await nats.connect(servers=urls, name=name, max_reconnect_attempts=-1,
                             reconnect_time_wait=0.5, pending_size=64 * 1024 * 1024,
-                            flusher_queue_size=16384)
+                            flusher_queue_size=16384,
+                            **{k: v for k, v in options.items() if v is not None})
     return NatsPyNats(nc)

@@ -63,7 +63,8 @@ class BrokerProcess:
 
     @property
     def http_url(self) -> str:
-        return f"http://{HOST}:{self.http_port}"
+        scheme = "https" if self.info.get("http_tls") else "http"
+        return f"{scheme}://{HOST}:{self.http_port}"
 
     @property
     def running(self) -> bool:

@@ -42,6 +42,7 @@ from jetstream.errors import (
     JetstreamError,
 )
 from jetstream.protocol import messages as m
+from jetstream.security.tls import client_ssl
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
 from jetstream.server.follower import PartitionFollower
@@ -122,7 +123,8 @@ class ReplicaFetcher:
         # timeout within the leader timeout, not the client default of many seconds.
         timeout_s = self._config.replica_leader_timeout_ms / 1000
         conn = BrokerConnection(address, client_id=f"replica-{self._config.broker_id}",
-                                connect_timeout_s=timeout_s, request_timeout_s=timeout_s)
+                                connect_timeout_s=timeout_s, request_timeout_s=timeout_s,
+                                tls=client_ssl(self._config.peer_tls))
         await conn.open()
         self._conn = conn
         return conn

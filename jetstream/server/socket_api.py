@@ -9,6 +9,12 @@ prefix and header followed by record batches sent straight from the segment file
 `loop.sendfile` (zero copy on the default event loop); slices of at most 16 KiB are copied
 into one write instead (a fetch session answers many partitions with a few batches each).
 
+With `tls_cert` set the port speaks TLS only (a plain-text client fails the handshake); a
+handshake not finished within `tls_handshake_timeout_ms`, a HELLO not received within
+HELLO_TIMEOUT_S, and a request frame begun but not finished within `request_timeout_ms`
+(a stalled or deliberately slow sender) close the connection. Past `connections_max` open
+connections a new one is answered `TOO_MANY_CONNECTIONS` and closed.
+
 The first frame must be HELLO with a version this broker speaks. A malformed frame gets an
 error frame and the connection is closed (the byte stream cannot be resynchronised); a bad
 request inside a well-formed frame gets an error frame and the connection carries on. No
@@ -23,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 
-from jetstream.errors import JetstreamError, ProtocolError
+from jetstream.errors import JetstreamError, ProtocolError, TooManyConnections
 from jetstream.protocol import frames
 from jetstream.protocol import messages as m
+from jetstream.security.tls import server_ssl
 from jetstream.server.api import RequestHandler, Result
 from jetstream.server.config import BrokerConfig
 from jetstream.server.metrics import BrokerMetrics
@@ -42,6 +50,10 @@ READ_CHUNK_BYTES = 256 * 1024
 #: call): a fetch session's answer carries a small slice for each of many partitions.
 COPY_PIECE_BYTES_MAX = 16 * 1024
 HELLO_TIMEOUT_S = 10.0
+#: What a TLS answer reads from a segment file and encrypts at once.
+TLS_CHUNK_BYTES = 256 * 1024
+#: An answer this small is read on the event loop (no thread hop).
+TLS_INLINE_BYTES = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -66,9 +78,12 @@ class SocketApi:
         self.port = 0
 
     async def start(self) -> None:
+        context = server_ssl(self._config.socket_tls)
+        handshake_s = self._config.tls_handshake_timeout_ms / 1000 if context else None
         self._server = await asyncio.start_server(
             self._on_connection, self._config.host, self._config.port,
-            limit=READ_CHUNK_BYTES, reuse_address=True)
+            limit=READ_CHUNK_BYTES, reuse_address=True, ssl=context,
+            ssl_handshake_timeout=handshake_s)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -85,8 +100,10 @@ class SocketApi:
         assert task is not None
         metrics = self._metrics
         if len(self._connections) >= self._config.connections_max:
-            writer.write(m.encode_error(0, frames.Op.HELLO, JetstreamError(
-                f"too many connections (limit {self._config.connections_max})")))
+            metrics.connections_refused_total += 1
+            writer.write(m.encode_error(0, frames.Op.HELLO, TooManyConnections(
+                f"too many connections (limit {self._config.connections_max})",
+                connections_max=self._config.connections_max)))
             with contextlib.suppress(Exception):
                 await writer.drain()
             writer.close()
@@ -144,11 +161,23 @@ class Connection:
                     answer.close()
 
     async def _next_frame(self) -> frames.Frame | None:
+        """The next whole frame; None at the end of the stream, or when a begun frame's
+        next bytes do not come within `request_timeout_ms` (the connection is closed)."""
         while True:
             frame = self._decoder.next_frame()
             if frame is not None:
                 return frame
-            data = await self._reader.read(READ_CHUNK_BYTES)
+            if self._decoder.buffered_bytes:
+                try:
+                    data = await asyncio.wait_for(self._reader.read(READ_CHUNK_BYTES),
+                                                  self._config.request_timeout_ms / 1000)
+                except TimeoutError:
+                    self._metrics.stalled_requests_total += 1
+                    log.warning("closing a connection whose request frame stalled for %d ms",
+                                self._config.request_timeout_ms)
+                    return None
+            else:
+                data = await self._reader.read(READ_CHUNK_BYTES)
             if not data:
                 return None
             self._decoder.feed(data)
@@ -253,19 +282,26 @@ class Connection:
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
         writer = self._writer
+        tls = writer.get_extra_info("sslcontext") is not None
         while True:
             answer = await self._answers.get()
             if answer is None:
                 return
             try:
-                writer.write(answer.data)
                 if answer.pieces:
-                    await writer.drain()
-                    if not await self._send_pieces(loop, writer, answer.pieces):
+                    if tls:
+                        sent = await _send_tls(loop, writer, answer.data, answer.pieces)
+                    else:
+                        writer.write(answer.data)
+                        await writer.drain()
+                        sent = await self._send_pieces(loop, writer, answer.pieces)
+                    if not sent:
                         # A segment shrank under us (truncation): the frame is broken.
                         writer.close()
                         return
-                elif self._answers.empty():
+                else:
+                    writer.write(answer.data)
+                if not answer.pieces and self._answers.empty():
                     await writer.drain()
             except (ConnectionError, OSError):
                 return
@@ -276,3 +312,35 @@ class Connection:
                     await writer.drain()
                 writer.close()
                 return
+
+
+async def _send_tls(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,
+                    head: bytes, pieces: list[FileSlice]) -> bool:
+    """An answer and the slices it carries, over TLS, which has no zero-copy path: each
+    slice is read with `pread` (never moving a descriptor's shared position, which
+    concurrent answers from one segment rely on). A small answer (a follower's fetch of the
+    newest records, in the page cache) is read on the loop and written as one piece, one TLS
+    record where it fits; a larger one is read in a thread TLS_CHUNK_BYTES at a time and
+    written as it comes, waiting for room. False when a slice came out short."""
+    if sum(piece.length for piece in pieces) <= TLS_INLINE_BYTES:
+        parts = [head]
+        for piece in pieces:
+            data = os.pread(piece.fd, piece.length, piece.position)
+            if len(data) != piece.length:
+                return False
+            parts.append(data)
+        writer.write(b"".join(parts))
+        await writer.drain()
+        return True
+    writer.write(head)
+    for piece in pieces:
+        position, end = piece.position, piece.position + piece.length
+        while position < end:
+            data = await loop.run_in_executor(None, os.pread, piece.fd,
+                                              min(TLS_CHUNK_BYTES, end - position), position)
+            if not data:
+                return False
+            writer.write(data)
+            await writer.drain()
+            position += len(data)
+    return True

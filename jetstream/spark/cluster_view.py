@@ -165,7 +165,7 @@ async def plan_read(client: Client, options: ReadOptions, bounds: OffsetBounds) 
 def run_plan(options: ReadOptions, bounds: OffsetBounds) -> Plan:
     """plan_read on a client of its own, from synchronous code (Spark's planner)."""
     async def run() -> Plan:
-        async with connect(options.brokers) as client:
+        async with connect(options.brokers, **options.tls.connect_options()) as client:
             return await plan_read(client, options, bounds)
 
     return run_sync(run())

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from jetstream.client.client import connect
 from jetstream.spark.cluster_view import plan_read, run_sync
-from jetstream.spark.options import parse_read_options
+from jetstream.spark.options import parse_read_options, tls_option
 from jetstream.spark.planning import OffsetBounds, Ranges
 from jetstream.spark.source import NAME, options_of
 
@@ -41,7 +41,7 @@ class IncrementalRead:
         parsed = parse_read_options({**text, "group": group})
 
         async def run() -> Ranges:
-            async with connect(parsed.brokers) as client:
+            async with connect(parsed.brokers, **parsed.tls.connect_options()) as client:
                 return (await plan_read(client, parsed, OffsetBounds())).ranges
 
         return cls(spark, group, text, run_sync(run()))
@@ -75,7 +75,8 @@ class IncrementalRead:
             return
 
         async def run() -> None:
-            async with connect(self.options.get("brokers")) as client:
+            async with connect(self.options.get("brokers"),
+                               **tls_option(self.options).connect_options()) as client:
                 await client.commit_offsets(self.group, offsets)
 
         run_sync(run())

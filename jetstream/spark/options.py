@@ -26,6 +26,10 @@ meanings follow Spark's Kafka source wherever Kafka has the option.
     failOnDataLoss          true | false                             true
     maxOffsetsPerTrigger    most records per micro-batch             -
     verifyCrc               true | false                             true
+    tlsCa, tlsCert, tlsKey  TLS to the brokers (readers and writer):  $JETSTREAM_CLIENT_TLS_*
+                            their CA bundle, this job's certificate
+                            and key (brokers verifying clients);
+                            a jetstreams:// broker asks for TLS
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Literal
 
 from jetstream.errors import InvalidSparkOption
 from jetstream.protocol.names import is_group_name, is_stream_name, parse_selector
+from jetstream.security.tls import TlsArguments
 
 BROKERS_ENV = "JETSTREAM_BROKERS"
 #: Kafka's markers inside a JSON offsets document.
@@ -68,6 +73,34 @@ class Offsets:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientTls:
+    """The TLS files a job's clients use (picklable: executors connect with them too)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def connect_options(self) -> TlsArguments:
+        """Keyword arguments of jetstream.client.connect."""
+        return TlsArguments(tls_ca=self.ca, tls_cert=self.cert, tls_key=self.key)
+
+
+NO_TLS = ClientTls()
+
+
+def tls_option(options: Mapping[str, str]) -> ClientTls:
+    """tlsCa, tlsCert, tlsKey, else the JETSTREAM_CLIENT_TLS_* environment variables."""
+    values = [_get(options, name) or os.environ.get(env) or None
+              for name, env in (("tlsCa", "JETSTREAM_CLIENT_TLS_CA"),
+                                ("tlsCert", "JETSTREAM_CLIENT_TLS_CERT"),
+                                ("tlsKey", "JETSTREAM_CLIENT_TLS_KEY"))]
+    if bool(values[1]) != bool(values[2]):
+        raise InvalidSparkOption("tlsCert and tlsKey go together",
+                                 field="tlsKey" if values[1] else "tlsCert")
+    return ClientTls(*values)
+
+
+@dataclass(frozen=True, slots=True)
 class ReadOptions:
     brokers: str
     streams: tuple[str, ...]
@@ -84,6 +117,7 @@ class ReadOptions:
     fail_on_data_loss: bool
     max_offsets_per_trigger: int | None
     verify_crc: bool
+    tls: ClientTls = NO_TLS
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +127,7 @@ class WriteOptions:
     #: Messages sent before waiting for acks (the publish window).
     window: int
     ack_timeout_s: float
+    tls: ClientTls = NO_TLS
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -226,6 +261,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool = False) -
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         max_offsets_per_trigger=_int(options, "maxOffsetsPerTrigger", None, 1, 2**62),
         verify_crc=_bool(options, "verifyCrc", True),
+        tls=tls_option(options),
     )
 
 
@@ -237,4 +273,5 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     window = _int(options, "window", 1000, 1, 100_000)
     timeout = _int(options, "ackTimeoutMs", 30_000, 1, 3_600_000)
     assert window is not None and timeout is not None
-    return WriteOptions(brokers_option(options), stream, window, timeout / 1000)
+    return WriteOptions(brokers_option(options), stream, window, timeout / 1000,
+                        tls_option(options))

@@ -82,7 +82,7 @@ class BatchReader(DataSourceReader):
         if not isinstance(partition, TaskPartition):
             return  # a plan of no tasks: Spark runs one empty partition of its own
         yield from read_task(partition.task, self.columns, self.options.brokers,
-                             verify=self.options.verify_crc)
+                             verify=self.options.verify_crc, tls=self.options.tls)
 
 
 class FilteringBatchReader(BatchReader):

@@ -67,7 +67,8 @@ class StreamReader(DataSourceStreamReader):
 
     def _run(self, work: Callable[[Client], Awaitable[_T]]) -> _T:
         async def run() -> _T:
-            async with connect(self.options.brokers) as client:
+            tls = self.options.tls.connect_options()
+            async with connect(self.options.brokers, **tls) as client:
                 return await work(client)
 
         return run_sync(run())
@@ -147,7 +148,7 @@ class StreamReader(DataSourceStreamReader):
         if not isinstance(partition, TaskPartition):
             return  # a plan of no tasks: Spark runs one empty partition of its own
         yield from read_task(partition.task, self.columns, self.options.brokers,
-                             verify=self.options.verify_crc,
+                             verify=self.options.verify_crc, tls=self.options.tls,
                              skip_lost=not self.options.fail_on_data_loss)
 
     def commit(self, end: dict[str, dict[str, int]]) -> None:

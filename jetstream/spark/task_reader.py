@@ -26,6 +26,7 @@ from pyspark.sql.datasource import InputPartition
 import jetstream.spark.arrow_decode as arrow_decode
 from jetstream.client.client import Client, connect
 from jetstream.errors import DataLoss, InvalidSparkOption, OffsetOutOfRange
+from jetstream.spark.options import NO_TLS, ClientTls
 from jetstream.spark.planning import ReadTask
 from jetstream.spark.segment_reader import SegmentGone, read_split
 
@@ -43,15 +44,18 @@ class TaskPartition(InputPartition):
 
 
 def read_task(task: ReadTask, columns: Sequence[str], brokers: str, *, verify: bool = True,
-              skip_lost: bool = False) -> Iterator[pa.RecordBatch]:
+              skip_lost: bool = False, tls: ClientTls = NO_TLS
+              ) -> Iterator[pa.RecordBatch]:
     """The task's rows with exactly `columns` (see the module docstring)."""
     if not task.compacted_latest:
-        yield from _read_range(task, columns, brokers, verify=verify, skip_lost=skip_lost)
+        yield from _read_range(task, columns, brokers, verify=verify, skip_lost=skip_lost,
+                               tls=tls)
         return
     wanted = list(dict.fromkeys([*columns, "key", "offset", arrow_decode.TOMBSTONE]))
     batches: list[pa.RecordBatch] = []
     rows = 0
-    for batch in _read_range(task, wanted, brokers, verify=verify, skip_lost=skip_lost):
+    for batch in _read_range(task, wanted, brokers, verify=verify, skip_lost=skip_lost,
+                             tls=tls):
         rows += batch.num_rows
         if rows > COMPACTED_ROWS_MAX:
             raise InvalidSparkOption(
@@ -64,7 +68,7 @@ def read_task(task: ReadTask, columns: Sequence[str], brokers: str, *, verify: b
 
 
 def _read_range(task: ReadTask, columns: Sequence[str], brokers: str, *, verify: bool,
-                skip_lost: bool) -> Iterator[pa.RecordBatch]:
+                skip_lost: bool, tls: ClientTls) -> Iterator[pa.RecordBatch]:
     position = task.start
     if task.files is not None:
         try:
@@ -75,7 +79,7 @@ def _read_range(task: ReadTask, columns: Sequence[str], brokers: str, *, verify:
             position = gone.offset
     if position < task.end:
         yield from _sync_iter(_fetch_range(task, position, columns, brokers, verify=verify,
-                                           skip_lost=skip_lost))
+                                           skip_lost=skip_lost, tls=tls))
 
 
 def _sync_iter(batches: AsyncIterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -93,8 +97,9 @@ def _sync_iter(batches: AsyncIterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
 
 
 async def _fetch_range(task: ReadTask, position: int, columns: Sequence[str], brokers: str, *,
-                       verify: bool, skip_lost: bool) -> AsyncIterator[pa.RecordBatch]:
-    client: Client = await connect(brokers)
+                       verify: bool, skip_lost: bool, tls: ClientTls
+                       ) -> AsyncIterator[pa.RecordBatch]:
+    client: Client = await connect(brokers, **tls.connect_options())
     try:
         while position < task.end:
             try:

@@ -95,7 +95,7 @@ def _messages(batch: pa.RecordBatch, subject: str | None) -> list[PublishMessage
 
 async def _publish(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> Written:
     counts: dict[int, int] = {}
-    async with connect(options.brokers) as client:
+    async with connect(options.brokers, **options.tls.connect_options()) as client:
         info = await client.stream_info(options.stream)
         subject = info.subject if is_subject(info.subject, wildcards=False) else None
         for batch in batches:

@@ -23,6 +23,7 @@ import json
 import os
 import random
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -35,9 +36,11 @@ from typing import Any, TypeVar
 import httpx
 
 from jetstream.compaction.planner import CleanupPolicy
-from jetstream.natsd import NatsServer, restartable_ports
+from jetstream.natsd import NatsServer, ServerTls, restartable_ports
 from jetstream.offsets.records import OFFSETS_STREAM, coordinator_partition
 from jetstream.raft_meta.model import StreamConfig
+from jetstream.security.certs import ensure_leaves
+from jetstream.security.tls import client_context
 from jetstream.server.process import BrokerProcess
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.log import Log
@@ -90,8 +93,13 @@ class FaultCluster:
     def __init__(self, work_dir: Path, *, partitions: int = 1,
                  fsync: FsyncPolicy = FsyncPolicy.ALWAYS, rate: int = 400,
                  seed: int = 0, compacted_keys: int = 0, group: str = "",
-                 disks: bool = False, idle_streams: int = 0) -> None:
+                 disks: bool = False, idle_streams: int = 0, tls: bool = False) -> None:
         self.work_dir = work_dir
+        #: Every link secured: mutual TLS on the brokers' listeners (replication through the
+        #: relays included), NATS over TLS with client certificates, the Raft password.
+        self.tls = ensure_leaves(work_dir / "pki", [
+            ("broker", (HOST,)), ("nats", (HOST,)), ("client", ("client",))],
+            ["raft-password"]) if tls else {}
         #: Idle R3 streams beside the workload's (what many partitions cost must not break
         #: failover, ISR changes or recovery).
         self.idle_streams = idle_streams
@@ -114,7 +122,7 @@ class FaultCluster:
         self._workload: subprocess.Popen[bytes] | None = None
         self._history_read = 0
         self._acks = 0
-        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S)
+        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S, verify=self._client_tls() or True)
         #: The bit flips made (tests/faults/faults.py's bitflip), for the report.
         self.flips: list[str] = []
 
@@ -122,7 +130,9 @@ class FaultCluster:
 
     def start(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.nats = NatsServer(self.work_dir / "nats")
+        f = self.tls
+        self.nats = NatsServer(self.work_dir / "nats", tls=ServerTls(
+            f["nats"], f["nats_key"], f["ca"], verify=True) if f else None)
         self.nats.start()
         ports = restartable_ports(2 * BROKERS)
         raft_ports, api_ports = ports[:BROKERS], ports[BROKERS:]
@@ -146,7 +156,7 @@ class FaultCluster:
                             "--peer-routes", ",".join(peer_routes), "--http-port", "0",
                             "--cleaner-backoff-ms", "200",
                             "--offsets-partitions", str(OFFSETS_PARTITIONS), *TUNING,
-                            *(DISK_TUNING if self.disks else ())))
+                            *(DISK_TUNING if self.disks else ()), *self._broker_tls()))
             broker.port = api_ports[b]
             self.brokers.append(broker)
         for broker in self.brokers:
@@ -184,6 +194,9 @@ class FaultCluster:
             argv += ["--keys", str(self.compacted_keys), "--delete-every", "7"]
         if self.group:
             argv += ["--group", self.group, "--members", "3"]
+        if self.tls:
+            argv += ["--tls-ca", self.tls["ca"], "--tls-cert", self.tls["client"],
+                     "--tls-key", self.tls["client_key"]]
         with open(self.work_dir / "workload.log", "ab") as out:
             self._workload = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL)
@@ -216,6 +229,19 @@ class FaultCluster:
             self.nats = None
         self._mounts.close()
         self._http.close()
+
+    def _broker_tls(self) -> tuple[str, ...]:
+        f = self.tls
+        if not f:
+            return ()
+        return ("--tls-cert", f["broker"], "--tls-key", f["broker_key"], "--tls-ca", f["ca"],
+                "--tls-verify-client", "--http-tls-verify-client",
+                "--raft-password-file", f["raft-password"], "--nats-tls-ca", f["ca"],
+                "--nats-tls-cert", f["broker"], "--nats-tls-key", f["broker_key"])
+
+    def _client_tls(self) -> ssl.SSLContext | None:
+        f = self.tls
+        return client_context(f["ca"], f["client"], f["client_key"]) if f else None
 
     # -- the cluster's view ----------------------------------------------------------------------
 
@@ -426,7 +452,8 @@ class FaultCluster:
         from jetstream.client import connect
 
         async def clean() -> bool:
-            async with connect(",".join(b.address for b in self.brokers)) as js:
+            async with connect(",".join(b.address for b in self.brokers),
+                               tls=self._client_tls()) as js:
                 found = await js.scrub(STREAM)
             return all(not e.get("damage") and not e.get("lost") and "error" not in e
                        for e in found)

@@ -36,20 +36,22 @@ from tests.faults.groups import check_group
 def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
             partitions: int = 1, faults: list[str] | None = None, cycles: int | None = None,
             log: Any = None, compacted_keys: int = 0, group: str = "",
-            idle_streams: int = 0) -> dict[str, Any]:
+            idle_streams: int = 0, tls: bool = False) -> dict[str, Any]:
     """Run the mix for `seconds` of load (or exactly `cycles` faults); the checker's report
     plus the run's figures. With `group`, the stream is read by a consumer group whose
     members run in the workload, and the group's checker (tests/faults/groups.py) adds its
     figures, prefixed `group_`. Faults that fill a disk need each broker's data directory on
     a tmpfs of its own: without `faults`, they are in the mix only where one can be mounted
     (as root); named without that, the cluster does not start (TmpfsUnavailable).
-    `idle_streams` idle R3 streams are created beside the workload's."""
+    `idle_streams` idle R3 streams are created beside the workload's. `tls` secures every
+    link (mutual TLS, NATS over TLS, the Raft password)."""
     names = faults or default_faults()
     every = {**ALL, **GROUP_FAULTS}
     rng = random.Random(seed)
     cluster = FaultCluster(work_dir, partitions=partitions, fsync=fsync, seed=seed,
                            compacted_keys=compacted_keys, group=group,
-                           disks=bool(DISK_FAULTS & set(names)), idle_streams=idle_streams)
+                           disks=bool(DISK_FAULTS & set(names)), idle_streams=idle_streams,
+                           tls=tls)
     kills: list[tuple[str, float]] = []
     done: Counter[str] = Counter()
     stuck = ""

@@ -67,6 +67,16 @@ def test_random_mix(tmp_path: Path) -> None:
     assert result["fault_cycles"] >= 3
 
 
+def test_random_mix_with_every_link_secured(tmp_path: Path) -> None:
+    """The same minute with mutual TLS on every broker listener (replication through the
+    relays included), NATS over TLS with client certificates and the Raft password."""
+    seed = int(os.environ.get("JETSTREAM_FAULT_SEED", "13"))
+    result = run_mix(tmp_path, seconds=60, seed=seed, fsync=FsyncPolicy.INTERVAL,
+                     partitions=2, idle_streams=50, tls=True)
+    assert_safe(result)
+    assert result["fault_cycles"] >= 3
+
+
 #: The faults a compacted stream goes through while its replicas' cleaners run.
 COMPACTED_FAULTS = ["kill_leader", "kill_follower", "partition_leader", "rolling_restart",
                     "pause"]

@@ -47,6 +47,7 @@ import jetstream
 from jetstream.client.group_subscription import GroupSubscription
 from jetstream.client.types import Start
 from jetstream.errors import JetstreamError
+from jetstream.security.tls import TlsArguments
 
 PUBLISH_TIMEOUT_S = 5.0
 RETRY_S = 0.2
@@ -143,7 +144,7 @@ async def group_member(args: argparse.Namespace, name: str, history: History,
                        finished: asyncio.Event) -> None:
     """A member of the group with a client of its own: consume, record, commit every
     COMMIT_S under its member id and epoch; join again after any error."""
-    async with jetstream.connect(args.brokers, request_timeout_s=5.0) as js:
+    async with jetstream.connect(args.brokers, request_timeout_s=5.0, **tls(args)) as js:
         while not finished.is_set():
             positions: dict[tuple[str, int], int] = {}
             try:
@@ -223,6 +224,11 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), seconds)
 
 
+def tls(args: argparse.Namespace) -> TlsArguments:
+    """The client's TLS files (none: plain)."""
+    return {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+
+
 async def main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -231,7 +237,7 @@ async def main(args: argparse.Namespace) -> None:
     with open(args.history, "a", encoding="utf-8") as out:  # noqa: ASYNC230 (once, at start)
         history = History(out)
         async with jetstream.connect(args.brokers, nats_url=args.nats_url,
-                                     request_timeout_s=5.0) as js:
+                                     request_timeout_s=5.0, **tls(args)) as js:
             if args.group:
                 await run_group(js, args, history, stop)
                 return
@@ -276,6 +282,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--delete-every", type=int, default=0, help="every M-th a tombstone")
     parser.add_argument("--group", default="", help="read with this consumer group")
     parser.add_argument("--members", type=int, default=3, help="the group's members")
+    parser.add_argument("--tls-ca", help="TLS: the brokers' CA (its client also to NATS)")
+    parser.add_argument("--tls-cert", help="TLS: this client's certificate")
+    parser.add_argument("--tls-key", help="TLS: this client's key")
     return parser.parse_args(argv)
 
 

@@ -44,13 +44,16 @@ TUNING = ("--replica-lag-ms-max", "2000", "--replica-leader-timeout-ms", "1000",
 
 
 @contextmanager
-def running_cluster(tmp_path: Path, nats_url: str, tuning: tuple[str, ...] = TUNING
+def running_cluster(tmp_path: Path, nats_url: str, tuning: tuple[str, ...] = TUNING,
+                    per_broker: tuple[tuple[str, ...], ...] = ((), (), ())
                     ) -> Iterator[list[BrokerProcess]]:
-    """3 brokers in `tmp_path`/broker<i>, ready; killed afterwards."""
+    """3 brokers in `tmp_path`/broker<i>, ready; killed afterwards. `per_broker[i]` are
+    broker i's own flags (its certificate, say)."""
     raft_ports = free_ports(3)
     spec = ",".join(f"{i}@127.0.0.1:{port}" for i, port in enumerate(raft_ports))
     brokers = [BrokerProcess(tmp_path / f"broker{i}", nats_url, broker_id=i,
-                             extra_args=("--cluster", spec, *tuning)) for i in range(3)]
+                             extra_args=("--cluster", spec, *tuning, *own))
+               for i, own in enumerate(per_broker)]
     try:
         for broker in brokers:
             broker.start(wait=False)

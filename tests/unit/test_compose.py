@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from jetstream.cli import build_parser
+from jetstream.security.guard import exposures
 from jetstream.server.config import BrokerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,14 +30,33 @@ def broker_config(command: list[str]) -> BrokerConfig:
 
 def test_compose_runs_nats_and_three_brokers_with_persistent_volumes() -> None:
     services = compose()["services"]
-    assert set(services) == {"nats", "broker0", "broker1", "broker2"}
+    assert set(services) == {"secrets", "nats", "broker0", "broker1", "broker2"}
     volumes = set(compose()["volumes"])
     for name in ("broker0", "broker1", "broker2"):
         service = services[name]
-        assert service["depends_on"] == ["nats"] and service["build"] == "."
-        (mount,) = service["volumes"]
-        volume, _, path = mount.partition(":")
+        assert set(service["depends_on"]) == {"nats", "secrets"} and service["build"] == "."
+        assert service["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
+        data, secrets = service["volumes"]
+        volume, _, path = data.partition(":")
         assert volume in volumes and path == "/data"
+        assert secrets == "secrets:/secrets:ro"
+
+
+def test_compose_ships_secured() -> None:
+    """Generated secrets, TLS on every link: no broker would need --insecure."""
+    services = compose()["services"]
+    certs = build_parser().parse_args(services["secrets"]["command"])
+    leaves = dict(leaf.split("=", 1) for leaf in certs.leaf)
+    assert set(leaves["broker"].split(",")) >= {"broker0", "broker1", "broker2"}
+    assert leaves["nats"] == "nats" and certs.secret == ["raft-password"]
+    nats = services["nats"]["command"]
+    assert {"--tls", "--tlsverify"} <= set(nats)
+    for name in ("broker0", "broker1", "broker2"):
+        config = broker_config(services[name]["command"])
+        assert exposures(config) == [] and not config.insecure
+        assert config.tls_verify_client and config.http_tls_verify_client
+        assert config.raft_password_file == "/secrets/raft-password"
+        assert config.nats_tls is not None and config.nats_tls.cert
 
 
 def test_every_broker_command_is_a_valid_server_invocation_of_one_cluster() -> None:
@@ -50,7 +70,7 @@ def test_every_broker_command_is_a_valid_server_invocation_of_one_cluster() -> N
         assert config.broker_id == int(name[-1])
         assert config.host == name  # advertised: other containers resolve the service name
         assert members[0][config.broker_id].startswith(f"{name}:")
-        assert config.nats_url == "nats://nats:4222" and config.data_dir == "/data"
+        assert config.nats_url == "tls://nats:4222" and config.data_dir == "/data"
     host_ports = [p.split(":")[0] for s in services.values() for p in s.get("ports", [])]
     assert len(host_ports) == len(set(host_ports))
 

@@ -98,13 +98,15 @@ def test_nothing_is_lost_reordered_or_over_the_limits(
     ("127.0.0.1:5000", ServerAddress("127.0.0.1", 5000)),
     ("nats://alice:s%40cret@h:1", ServerAddress("h", 1, user="alice", password="s@cret")),
     ("nats://tok3n@h:1", ServerAddress("h", 1, auth_token="tok3n")),
+    ("tls://h:4222", ServerAddress("h", 4222, tls=True)),
+    ("tls://bob:pw@h", ServerAddress("h", 4222, user="bob", password="pw", tls=True)),
 ])
 def test_urls(url: str, expected: ServerAddress) -> None:
     assert parse_url(url) == expected
 
 
-@pytest.mark.parametrize("url", ["tls://h:4222", "ws://h:80", "wss://h:443"])
-def test_tls_and_websocket_urls_are_refused(url: str) -> None:
+@pytest.mark.parametrize("url", ["ws://h:80", "wss://h:443"])
+def test_websocket_urls_are_refused(url: str) -> None:
     with pytest.raises(NatsUnsupported, match="nats-py"):
         parse_url(url)
 

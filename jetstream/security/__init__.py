@@ -1,0 +1,1 @@
+"""Security: TLS for every link (tls), the secure-by-default check of listeners (guard)."""
