@@ -13,6 +13,8 @@ Theory of operation
   headers and subjects; a run of batches that lost every record becomes one empty batch
   holding the run's range; a run never crosses a change of leader epoch, so every batch
   keeps the epoch its records were written in.
+- A batch holding a register change (jetstream.idempotence.headers) is kept whole: the
+  partition's registers are rebuilt from the newest one.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from dataclasses import dataclass
 
 from jetstream.compaction.checkpoint import CleanerCheckpoint
 from jetstream.compaction.offset_map import KeyInfo, OffsetMap, scan_keys
+from jetstream.idempotence.headers import REGISTERS
 from jetstream.stream import format as fmt
 
 Keep = Callable[[int, bytes | None, bool], bool]
+_REGISTERS = REGISTERS.encode()
 
 
 def retention_rule(offset_map: OffsetMap, checkpoint: CleanerCheckpoint, now_ms: int,
@@ -88,7 +92,10 @@ def filter_batches(batches: Iterable[tuple[bytes, int, fmt.BatchHeader]], keep: 
         stats.bytes_read += header.size
         infos = scan_keys(buf, pos, header)
         stats.records_read += len(infos)
-        kept = [keep(offset, key, tombstone) for offset, key, tombstone in infos]
+        if buf.find(_REGISTERS, pos, pos + header.size) >= 0:
+            kept = [True] * len(infos)  # a register change: a new leader rebuilds from it
+        else:
+            kept = [keep(offset, key, tombstone) for offset, key, tombstone in infos]
         removed = kept.count(False)
         if removed:
             stats.records_removed += removed

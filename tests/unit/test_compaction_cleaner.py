@@ -5,6 +5,7 @@ any step of a swap recovers to the old or the new segments."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,12 @@ from hypothesis import strategies as st
 
 from jetstream.compaction import checkpoint as cleaner_checkpoint
 from jetstream.compaction.cleaner import OffsetMapTooSmall, clean, read_batches
-from jetstream.compaction.planner import CleaningPlan, CompactionConfig
+from jetstream.compaction.planner import CleaningPlan, CleanupPolicy, CompactionConfig
 from jetstream.errors import CorruptRecord, SegmentsChanged
+from jetstream.idempotence.dedupe import GuardLimits
+from jetstream.idempotence.headers import REGISTERS, encode_registers
+from jetstream.idempotence.replay import rebuild
+from jetstream.raft_meta.model import StreamConfig
 from jetstream.stream import format as fmt
 from jetstream.stream.cleaning import StepHook
 from jetstream.stream.config import FsyncPolicy, LogConfig
@@ -276,3 +281,24 @@ def test_corrupt_batches_are_refused_not_cleaned(tmp_path: Path) -> None:
     with pytest.raises(CorruptRecord):
         run_pass(log, T0)
     log.close()
+
+
+def test_a_register_change_survives_compaction(tmp_path: Path) -> None:
+    log = open_log(tmp_path, Clock(T0))
+    registers = {REGISTERS: encode_registers({"owner": "a"})}
+    log.append([fmt.Record(b"v0", b"k", registers)], 0)
+    append(log, [(b"k", b"v%d" % i) for i in range(1, 400)], per_batch=10)
+    run_pass(log, T0)
+    records = everything(log)
+    assert next(r.offset for r in records if r.key == b"k") == 0  # superseded, yet kept
+    assert rebuild(log, GuardLimits(), T0, track_keys=False).registers == {"owner": "a"}
+    assert live(latest(records)) == {b"k": b"v399"}
+    log.close()
+
+
+def test_records_inside_the_duplicate_window_are_not_compacted() -> None:
+    config = StreamConfig("s", "s", cleanup_policy=CleanupPolicy.COMPACT,
+                          duplicate_window_ms=60_000)
+    assert config.compaction_config().min_compaction_lag_ms == 60_000
+    capped = replace(config, max_compaction_lag_ms=1000)
+    assert capped.compaction_config().min_compaction_lag_ms == 1000
