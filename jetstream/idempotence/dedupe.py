@@ -52,7 +52,7 @@ class IdWindow:
     """Message id -> (offset, timestamp) of every id stored within the window, oldest first."""
 
     def __init__(self, limits: GuardLimits) -> None:
-        self._limits = limits
+        self.limits = limits
         self._ids: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
 
     def __len__(self) -> int:
@@ -67,12 +67,12 @@ class IdWindow:
         if msg_id in self._ids:  # stored twice: only possible past the window; keep the newest
             del self._ids[msg_id]
         self._ids[msg_id] = (offset, timestamp_ms)
-        while len(self._ids) > self._limits.ids_max:
+        while len(self._ids) > self.limits.ids_max:
             self._ids.popitem(last=False)
 
     def expire(self, now_ms: int) -> None:
         """Forget ids whose records are older than the window."""
-        oldest = now_ms - self._limits.duplicate_window_ms
+        oldest = now_ms - self.limits.duplicate_window_ms
         ids = self._ids
         while ids:
             _first, (_offset, timestamp) = next(iter(ids.items()))
@@ -103,7 +103,7 @@ class SequenceCheck:
 
 class ProducerTable:
     def __init__(self, limits: GuardLimits) -> None:
-        self._limits = limits
+        self.limits = limits
         self._producers: collections.OrderedDict[str, ProducerState] = (
             collections.OrderedDict())
 
@@ -148,15 +148,15 @@ class ProducerTable:
         state.last_sequence = max(state.last_sequence, sequence)
         state.last_timestamp_ms = max(state.last_timestamp_ms, timestamp_ms)
         state.offsets[sequence] = offset
-        while len(state.offsets) > self._limits.sequences_max:
+        while len(state.offsets) > self.limits.sequences_max:
             state.offsets.popitem(last=False)
         self._producers[producer_id] = state  # most recently active last
-        while len(self._producers) > self._limits.producers_max:
+        while len(self._producers) > self.limits.producers_max:
             self._producers.popitem(last=False)
 
     def expire(self, now_ms: int) -> None:
         """Forget producers idle for longer than the window."""
-        oldest = now_ms - self._limits.duplicate_window_ms
+        oldest = now_ms - self.limits.duplicate_window_ms
         producers = self._producers
         while producers:
             state = next(iter(producers.values()))
