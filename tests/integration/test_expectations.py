@@ -134,6 +134,6 @@ async def test_registers_check_and_survive_a_restart(broker: BrokerProcess,
         assert answer.status_code == 200, answer.text
         assert answer.json()["duplicate"] is True and answer.json()["offsets"] == [1]
         answer = await http.post("/streams/jobs/partitions/0/messages",
-                                 json={"messages": [{"value": "x"}], "expected_offset": 0})
-        assert answer.status_code == 412
+                                 json={"messages": [{"value": "eA=="}], "expected_offset": 0})
+        assert answer.status_code == 412, answer.text
         assert answer.json()["error"]["code"] == "OFFSET_MISMATCH"
