@@ -485,7 +485,10 @@ class PartitionLeader:
                 task.add_done_callback(_log_task_failure)
                 self._proposals.add(task)
                 task.add_done_callback(self._proposals.discard)
-        if hw > self.high_watermark or acks:
+        # A batch that appended nothing (retries answered as duplicates) is committed as
+        # soon as it is queued: the HW need not move for it.
+        if hw > self.high_watermark or acks or (
+                self._uncommitted and self._uncommitted[0].next_offset <= hw):
             await self._advance_high_watermark(hw, acks if acks is not None else [])
 
     async def _propose_isr(self, decision: ProposeIsr) -> None:
