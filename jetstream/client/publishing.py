@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
 
+from jetstream.client.idempotent import IdempotentProducer
 from jetstream.client.partitioner import Partitioner
 from jetstream.client.publisher import BatchItem, Publisher
 from jetstream.client.routing import Router
@@ -85,17 +87,37 @@ class Publishing:
         else KeyOffsetMismatch), `check_registers` (a label selector the partition's
         registers must match, else RegisterMismatch) and `union_registers` /
         `subtract_registers` (register labels set / removed with the record)."""
-        publisher = await self._ensure_publisher()
-        self._router.refresh_in_background()
-        target = self._partitioner.subject_for(subject, key, partition)
-        data = None if value is None else bytes(value)
+        target = self.target_subject(subject, key, partition)
         expect = {name: v for name, v in (
             ("msg_id", msg_id), ("expected_offset", expected_offset),
             ("expected_last_offset_for_key", expected_last_offset_for_key),
             ("check_registers", check_registers), ("union_registers", union_registers),
             ("subtract_registers", subtract_registers)) if v is not None}
+        return await self.publish_to(target, value, key, headers, ack_policy, timeout,
+                                     **expect)
+
+    def target_subject(self, subject: str, key: bytes | None, partition: int | None) -> str:
+        """The subject a publish goes to: `subject`, or its partition's subject."""
+        return self._partitioner.subject_for(subject, key, partition)
+
+    async def publish_to(self, target: str, value: bytes | None, key: bytes | None,
+                         headers: Mapping[str, bytes] | None,
+                         ack_policy: AckPolicy | str | None, timeout: float,
+                         **expect: Any) -> Ack | None:
+        """Publish to the partition subject `target` (`expect`: envelope fields)."""
+        publisher = await self._ensure_publisher()
+        self._router.refresh_in_background()
+        data = None if value is None else bytes(value)
         return await publisher.publish(target, data, key, headers, ack_policy, timeout,
                                        **expect)
+
+    def idempotent_producer(self, producer_id: str | None = None,
+                            epoch: int = 0) -> IdempotentProducer:
+        """An idempotent producer session (jetstream.client.idempotent): its publishes retry
+        on their own with no duplicates and no gaps. `producer_id` (1..64 of A-Z a-z 0-9 . _
+        -; default: a random one) with a higher `epoch` fences the sessions of lower
+        epochs."""
+        return IdempotentProducer(self, producer_id, epoch)
 
     async def publish_batch(
         self,

@@ -18,6 +18,8 @@ from jetstream.client import Client
 from jetstream.errors import (
     KeyOffsetMismatch,
     OffsetMismatch,
+    OutOfOrderSequence,
+    ProducerFenced,
     ProtocolError,
     RegisterMismatch,
 )
@@ -137,3 +139,25 @@ async def test_registers_check_and_survive_a_restart(broker: BrokerProcess,
                                  json={"messages": [{"value": "eA=="}], "expected_offset": 0})
         assert answer.status_code == 412, answer.text
         assert answer.json()["error"]["code"] == "OFFSET_MISMATCH"
+
+
+async def test_idempotent_producer_sequences_and_fencing(js: Client) -> None:
+    await js.create_stream("tasks", "tasks.in", partitions=2)
+    old = js.idempotent_producer("task-7", epoch=0)
+    acks = await asyncio.gather(*(old.publish("tasks.in", b"%d" % i, partition=i % 2)
+                                  for i in range(20)))
+    assert sorted(a.offset for a in acks if a.partition == 0) == list(range(10))
+    # A retry of a stored sequence (the envelope sent again) is not stored again.
+    retry = await js.publish_to("tasks.in.1", b"1", None, None, None, 5.0,
+                                producer=("task-7", 0, 0))
+    assert retry is not None and (retry.offset, retry.duplicate) == (0, True)
+    with pytest.raises(OutOfOrderSequence) as gap:
+        await js.publish_to("tasks.in", b"x", None, None, None, 5.0,
+                            producer=("task-7", 0, 12))
+    assert gap.value.expected_sequence == 10
+    new = js.idempotent_producer("task-7", epoch=1)
+    await new.publish("tasks.in", b"new", partition=0)
+    with pytest.raises(ProducerFenced):
+        await old.publish("tasks.in", b"zombie", partition=0)
+    values = await stored(js, "tasks", 0)
+    assert values == [b"%d" % i for i in range(0, 20, 2)] + [b"new"]

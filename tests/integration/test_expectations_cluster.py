@@ -109,3 +109,34 @@ async def test_nats_msg_id_retries_across_a_leader_kill_store_each_message_once(
 async def _moved(broker: BrokerProcess, old_leader: int) -> dict[str, Any] | None:
     state = await partition_state(broker)
     return state if state["leader"] not in (old_leader, -1) else None
+
+
+async def test_idempotent_producer_across_a_leader_kill_no_duplicates_no_gaps(
+        cluster: list[BrokerProcess]) -> None:
+    state = await create_stream(cluster[0])
+    leader = by_id(cluster, state["leader"])
+    async with jetstream.connect(",".join(b.address for b in cluster)) as js:
+        producer = js.idempotent_producer("writer-1")
+        sent = 0
+
+        async def publish(number: int) -> int:
+            nonlocal sent
+            ack = await producer.publish(SUBJECT, b"p%d" % number, timeout=DEADLINE_S,
+                                         attempt_timeout=1.0)
+            sent += 1
+            if sent == MESSAGES // 3:
+                leader.kill()
+            return ack.offset
+
+        offsets = await asyncio.gather(*(publish(n) for n in range(MESSAGES)))
+        assert not leader.running
+        survivor = next(b for b in cluster if b.running)
+        await eventually(lambda: _moved(survivor, leader.broker_id), "a new leader")
+        result = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(result) < MESSAGES:
+            assert time.monotonic() < deadline, f"read {len(result)} messages"
+            result.extend((await js.fetch(STREAM, 0, len(result), max_wait_ms=1000)).messages)
+    values = [msg.value for msg in result]
+    assert sorted(values) == sorted(b"p%d" % n for n in range(MESSAGES))  # once each
+    assert sorted(offsets) == list(range(MESSAGES))
