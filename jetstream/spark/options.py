@@ -93,6 +93,9 @@ class WriteOptions:
     #: Messages sent before waiting for acks (the publish window).
     window: int
     ack_timeout_s: float
+    #: Publish through an idempotent producer session per task attempt (no duplicates from
+    #: retries inside the attempt; a later attempt fences the earlier).
+    idempotent: bool = False
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -237,4 +240,5 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     window = _int(options, "window", 1000, 1, 100_000)
     timeout = _int(options, "ackTimeoutMs", 30_000, 1, 3_600_000)
     assert window is not None and timeout is not None
-    return WriteOptions(brokers_option(options), stream, window, timeout / 1000)
+    return WriteOptions(brokers_option(options), stream, window, timeout / 1000,
+                        _bool(options, "idempotent", False))
