@@ -90,8 +90,10 @@ class FaultCluster:
     def __init__(self, work_dir: Path, *, partitions: int = 1,
                  fsync: FsyncPolicy = FsyncPolicy.ALWAYS, rate: int = 400,
                  seed: int = 0, compacted_keys: int = 0, group: str = "",
-                 disks: bool = False, idle_streams: int = 0) -> None:
+                 disks: bool = False, idle_streams: int = 0, retry_ids: bool = False) -> None:
         self.work_dir = work_dir
+        #: The workload retries every unacked publish with its message id.
+        self.retry_ids = retry_ids
         #: Idle R3 streams beside the workload's (what many partitions cost must not break
         #: failover, ISR changes or recovery).
         self.idle_streams = idle_streams
@@ -184,6 +186,8 @@ class FaultCluster:
             argv += ["--keys", str(self.compacted_keys), "--delete-every", "7"]
         if self.group:
             argv += ["--group", self.group, "--members", "3"]
+        if self.retry_ids:
+            argv.append("--retry-ids")
         with open(self.work_dir / "workload.log", "ab") as out:
             self._workload = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL)
