@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from jetstream.errors import (
     DuplicateSequence,
@@ -65,8 +65,9 @@ class Expectations:
     #: The offset the latest record with the publish's key must be at; KEY_ABSENT: none.
     expected_key_offset: int | None = None
     check_registers: Selector | None = None
-    union_registers: Mapping[str, str] = field(default_factory=dict)
-    subtract_registers: Mapping[str, str] = field(default_factory=dict)
+    #: Register labels set / removed with the publish (None: none).
+    union_registers: Mapping[str, str] | None = None
+    subtract_registers: Mapping[str, str] | None = None
 
     @property
     def changes_registers(self) -> bool:
@@ -228,8 +229,8 @@ class Pass:
         selector = expect.check_registers
         if selector is not None and not selector(self.registers):
             return RegisterMismatch(str(selector), dict(self.registers))
-        if expect.union_registers and len(
-                self.registers.keys() | expect.union_registers.keys()) > LABELS_MAX:
+        union = expect.union_registers
+        if union and len(self.registers.keys() | union.keys()) > LABELS_MAX:
             return ProtocolError(f"the registers would hold more than {LABELS_MAX} labels",
                                  field="union_registers")
         return None
@@ -253,7 +254,7 @@ class Pass:
     def _stage(self, expect: Expectations, keys: Sequence[bytes | None]) -> Admitted:
         offset = self.next_offset
         first: dict[str, bytes] = {}
-        last: dict[str, bytes] = {}
+        last = first if len(keys) == 1 else {}
         if expect.msg_id is not None:
             self._ids[expect.msg_id] = offset
             first[h.MSG_ID] = expect.msg_id.encode()
@@ -265,16 +266,13 @@ class Pass:
                                                   stamp.sequence)
         if expect.changes_registers:
             registers = dict(self.registers)
-            registers.update(expect.union_registers)
-            for name, value in expect.subtract_registers.items():
+            registers.update(expect.union_registers or {})
+            for name, value in (expect.subtract_registers or {}).items():
                 if registers.get(name) == value:
                     del registers[name]
             self._registers = registers
             last[h.REGISTERS] = h.encode_registers(registers)
         self._stage_keys(keys)
-        if len(keys) == 1:
-            first.update(last)
-            last = first
         return Admitted(offset, first, last)
 
     def _stage_keys(self, keys: Sequence[bytes | None]) -> None:

@@ -118,6 +118,8 @@ def from_nats_headers(headers: Mapping[str, str]) -> Expectations | None:
     ProtocolError for a malformed one."""
     if _WATCHED.isdisjoint(headers):
         return None
+    if len(headers) == 1 and h.MSG_ID in headers:  # the common case: just an id
+        return Expectations(h.check_msg_id(headers[h.MSG_ID]))
     producer = None
     if PRODUCER_ID in headers:
         producer = (headers[PRODUCER_ID], _int(headers, PRODUCER_EPOCH, 0),
@@ -154,7 +156,7 @@ def expectations(record_headers: Mapping[str, Any], *, msg_id: str | None = None
                  union_registers: Mapping[str, str] | None = None,
                  subtract_registers: Mapping[str, str] | None = None) -> Expectations | None:
     """Checked expectations (None when there are none). Raises ProtocolError."""
-    reserved = h.RESERVED.intersection(record_headers)
+    reserved = h.RESERVED.intersection(record_headers) if record_headers else None
     if reserved:
         name = min(reserved)
         raise ProtocolError(f"header {name} is the log's own: a publisher cannot set it",
@@ -174,8 +176,10 @@ def expectations(record_headers: Mapping[str, Any], *, msg_id: str | None = None
                                   or value < low):
             raise ProtocolError(f"{name} must be an integer of at least {low}", field=name)
     selector = _selector(check_registers) if check_registers is not None else None
-    union = h.check_registers(union_registers or {}, "union_registers")
-    subtract = h.check_registers(subtract_registers or {}, "subtract_registers")
+    union = (h.check_registers(union_registers, "union_registers")
+             if union_registers else None)
+    subtract = (h.check_registers(subtract_registers, "subtract_registers")
+                if subtract_registers else None)
     if (msg_id is None and stamp is None and expected_offset is None
             and expected_key_offset is None and selector is None and not union
             and not subtract):

@@ -126,8 +126,9 @@ def apply_verdicts(batch: IngestBatch, guard_pass: Pass) -> None:
                 if target is not None:
                     batch.errors.append((target[1], target[2], verdict.error))
                 continue
-            if verdict.first_headers:
-                record = record._replace(headers={**record.headers, **verdict.first_headers})
+            added = verdict.first_headers
+            if added and any(record.headers.get(k) != v for k, v in added.items()):
+                record = record._replace(headers={**record.headers, **added})
         if target is not None:
             targets.append((len(records), *target[1:]))
         records.append(record)
