@@ -181,6 +181,24 @@ class Pass:
         self._stage_keys(keys)
         return first
 
+    def admit_id(self, msg_id: str, key: bytes | None) -> int:
+        """`admit` of a one-record publish whose only expectation is its message id (the
+        hot path of NATS publishers setting `Nats-Msg-Id`): its original offset when it is a
+        duplicate, else -1 (staged at the pass's next offset)."""
+        original = self._ids.get(msg_id)
+        if original is None:
+            original = self._guard.ids.offset_of(msg_id)
+            if original is not None:
+                return original
+        else:
+            return original
+        self._ids[msg_id] = self.next_offset
+        if key is not None and self._guard.track_keys:
+            self._stage_keys((key,))
+        else:
+            self.next_offset += 1
+        return -1
+
     def admit(self, expect: Expectations, keys: Sequence[bytes | None]) -> Verdict:
         """Judge one publish of `keys` records (their keys, in order) and stage it when it is
         stored."""

@@ -113,13 +113,14 @@ class PartitionGuard:
 # -- what a publish asks -------------------------------------------------------------------------
 
 
-def from_nats_headers(headers: Mapping[str, str]) -> Expectations | None:
-    """The expectations in a plain message's NATS headers; None when it has none. Raises
+def from_nats_headers(headers: Mapping[str, str]) -> Expectations | str | None:
+    """The expectations in a plain message's NATS headers; None when it has none, the
+    message id alone when that is all (the common case, judged by `Pass.admit_id`). Raises
     ProtocolError for a malformed one."""
     if _WATCHED.isdisjoint(headers):
         return None
-    if len(headers) == 1 and h.MSG_ID in headers:  # the common case: just an id
-        return Expectations(h.check_msg_id(headers[h.MSG_ID]))
+    if len(headers) == 1 and h.MSG_ID in headers:
+        return h.check_msg_id(headers[h.MSG_ID])
     producer = None
     if PRODUCER_ID in headers:
         producer = (headers[PRODUCER_ID], _int(headers, PRODUCER_EPOCH, 0),
@@ -252,6 +253,8 @@ def from_http(headers: Mapping[str, str], body: Mapping[str, Any],
     or the same fields as the envelope's in the JSON body. Raises ProtocolError."""
     asked = {name: headers[name] for name in _WATCHED if name in headers}
     from_headers = from_nats_headers(asked) if asked else None
+    if isinstance(from_headers, str):
+        from_headers = Expectations(from_headers)
     producer = body.get("producer")
     from_body = expectations(
         records[0].headers, msg_id=body.get("msg_id"),

@@ -42,8 +42,9 @@ class IngestBatch:
     records: list[Record]
     targets: list[Target]
     errors: list[Refusal]
-    #: The expectations of each record (None: none), or None when no message had any.
-    expects: list[Expectations | None] | None = None
+    #: The expectations of each record (None: none; a str: a message id alone), or None
+    #: when no message had any.
+    expects: list[Expectations | str | None] | None = None
     #: (inbox, correlation id, policy, original offset, subject) of retries not stored.
     duplicates: list[tuple[str, str | None, AckPolicy, int, str]] = field(
         default_factory=list)
@@ -55,7 +56,7 @@ def take_messages(msgs: list[NatsMsg], stream: StreamConfig, refuse_all: bool,
     records: list[Record] = []
     targets: list[Target] = []
     errors: list[Refusal] = []
-    expects: list[Expectations | None] | None = None
+    expects: list[Expectations | str | None] | None = None
     default_policy = stream.ack_policy
     max_bytes = stream.max_message_bytes
     # The hot loop of ingest: plain tuples, locals, no calls a message can do without.
@@ -63,7 +64,7 @@ def take_messages(msgs: list[NatsMsg], stream: StreamConfig, refuse_all: bool,
     value: bytes | None  # None: a tombstone (an envelope's nil value)
     for subject, reply, nats_headers, data in msgs:
         envelope = decode_envelope(data) if data.startswith(ENVELOPE_PREFIX) else None
-        expect: Expectations | None = None
+        expect: Expectations | str | None = None
         if envelope is None:
             value, key, corr, inbox = data, None, None, reply
             headers = _nats_headers(nats_headers) if nats_headers else NO_HEADERS
@@ -115,6 +116,13 @@ def apply_verdicts(batch: IngestBatch, guard_pass: Pass) -> None:
         target = by_index.get(i)
         if expect is None:
             guard_pass.plain([record.key])
+        elif isinstance(expect, str):  # a plain message's Nats-Msg-Id: in its headers already
+            original = guard_pass.admit_id(expect, record.key)
+            if original >= 0:
+                if target is not None:
+                    batch.duplicates.append((target[1], target[2], target[3], original,
+                                             record.subject))
+                continue
         else:
             verdict = guard_pass.admit(expect, [record.key])
             if isinstance(verdict, Duplicate):

@@ -363,3 +363,14 @@ def test_rebuild_of_a_compacted_stream_knows_every_key(tmp_path: Path) -> None:
 def test_rebuild_of_a_log_without_headers_is_empty(segmented: Log) -> None:
     rebuilt = rebuild(segmented, GuardLimits(), T0 + 100, track_keys=False)
     assert rebuilt.registers == {} and len(rebuilt.ids) == 0 and len(rebuilt.producers) == 0
+
+
+def test_admit_id_is_admit_of_an_id_alone() -> None:
+    guard = Guard(GuardLimits(), track_keys=True)
+    p = guard.begin(5, 0, T0)
+    assert p.admit_id("a", b"k") == -1
+    assert p.admit_id("a", b"k") == 5  # staged in this pass
+    assert p.admit(Expectations(msg_id="a"), [b"k"]) == Duplicate(5)
+    p.commit()
+    assert guard.keys[b"k"] == 5
+    assert guard.begin(6, 0, T0).admit_id("a", None) == 5
