@@ -16,7 +16,8 @@ Theory of operation
   offset) or revision (NATS KV `update(key, value, last=)`; a refusal is followed by a `get`
   for the current revision, as KV users do). `cas_vs_nats_kv` = our successful updates/s ÷
   NATS KV's (target >= 1.5).
-- Generator headroom: the same publisher and the same 4-writer request loop against a
+- Generator headroom: the same publisher against a no-op responder as fast as the broker's
+  NATS path (batches in, batched acks out), and the same 4-writer request loop against a
   no-op responder on core NATS; each must reach at least twice the best rate measured, or
   the figures measure the generator.
 - Broker and server CPU time per message (/proc) is reported beside the rates. Every side
@@ -30,11 +31,13 @@ the last line is one JSON object; a full run also writes it to bench/results/.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +61,22 @@ from jetstream.server.process import BrokerProcess
 
 PAYLOAD = b"x" * 128
 WRITERS = 4
+#: A no-op responder as fast as the broker's own NATS path (jetstream.server.nats_ingest:
+#: batches in, one write of acks out), so that the publishes' ceiling is the generator's.
+FAST_RESPONDER = """
+import asyncio, sys
+from jetstream.server.nats_ingest import connect
+async def main():
+    conn = await connect(sys.argv[1], name="bench-responder")
+    sub = conn.subscribe(sys.argv[2])
+    await conn.flush()
+    print("ready", flush=True)
+    while True:
+        batch = await sub.next_batch()
+        conn.publish_many([(reply, b"+OK") for _s, reply, _h, _d in batch if reply])
+        await conn.drain()
+asyncio.run(main())
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,10 +241,26 @@ async def nats_kv_cas(work: Path, plan: Plan) -> JsonObject:
 # -- the load generator's ceiling ---------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def fast_responder(url: str, subject: str) -> Iterator[None]:
+    """FAST_RESPONDER on `subject`, stopped by PID on exit."""
+    process = subprocess.Popen([sys.executable, "-c", FAST_RESPONDER, url, subject],
+                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the fast responder did not start")
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
 async def generator_ceiling(work: Path, plan: Plan) -> JsonObject:
-    with NatsServer(work / "nats-core") as server, no_op_responder(server.url, "sink.>"):
-        puts = await publish_pipelined(server.url, messages("sink.x", plan.messages, True, 0),
+    with NatsServer(work / "nats-core") as server, fast_responder(server.url, "fast.>"):
+        puts = await publish_pipelined(server.url, messages("fast.x", plan.messages, True, 0),
                                        plan.window)
+    with NatsServer(work / "nats-core-2") as server, no_op_responder(server.url, "sink.>"):
         nc = await nats.connect(server.url)
         try:
             async def request(i: int) -> int:
