@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -117,25 +117,34 @@ def median(runs: Sequence[JsonObject]) -> JsonObject:
 # -- ingest -------------------------------------------------------------------------------------
 
 
-async def ours_ingest(work: Path, plan: Plan) -> JsonObject:
-    with NatsServer(work / "nats-ours") as server:
-        broker = BrokerProcess(work / "broker-ingest", server.url,
+@contextlib.asynccontextmanager
+async def one_broker(work: Path, name: str, streams: dict[str, dict[str, Any]]
+                     ) -> AsyncIterator[tuple[str, BrokerProcess, jetstream.Client]]:
+    """(NATS URL, broker, client) of a fresh nats-server and broker holding `streams`
+    (name -> settings; subject `<name>.in`), stopped by PID afterwards."""
+    with NatsServer(work / f"nats-{name}") as server:
+        broker = BrokerProcess(work / f"broker-{name}", server.url,
                                extra_args=("--http-port", "-1")).start()
         try:
             async with jetstream.connect(broker.address) as js:
-                for name in ("plain", "ids"):
-                    await js.create_stream(name, f"{name}.in", fsync="interval",
-                                           ack_policy="leader")
-            plain, ids = [], []
-            for run in range(plan.repeats):  # interleaved: the machine drifts
-                progress(f"ours without ids, run {run + 1}")
-                plain.append(await timed_publish(server.url, messages(
-                    "plain.in", plan.messages, False, run), plan.window, broker.pid))
-                progress(f"ours with ids, run {run + 1}")
-                ids.append(await timed_publish(server.url, messages(
-                    "ids.in", plan.messages, True, run), plan.window, broker.pid))
+                for stream, settings in streams.items():
+                    await js.create_stream(stream, f"{stream}.in", fsync="interval",
+                                           ack_policy="leader", **settings)
+                yield server.url, broker, js
         finally:
             broker.stop()
+
+
+async def ours_ingest(work: Path, plan: Plan) -> JsonObject:
+    async with one_broker(work, "ingest", {"plain": {}, "ids": {}}) as (url, broker, _js):
+        plain, ids = [], []
+        for run in range(plan.repeats):  # interleaved: the machine drifts
+            progress(f"ours without ids, run {run + 1}")
+            plain.append(await timed_publish(url, messages(
+                "plain.in", plan.messages, False, run), plan.window, broker.pid))
+            progress(f"ours with ids, run {run + 1}")
+            ids.append(await timed_publish(url, messages(
+                "ids.in", plan.messages, True, run), plan.window, broker.pid))
     return {"without_ids": median(plain), "with_ids": median(ids)}
 
 
@@ -180,33 +189,26 @@ async def cas_loop(update: Callable[[int], Awaitable[int]], seconds: float) -> J
 
 
 async def ours_cas(work: Path, plan: Plan) -> JsonObject:
-    with NatsServer(work / "nats-cas") as server:
-        broker = BrokerProcess(work / "broker-cas", server.url,
-                               extra_args=("--http-port", "-1")).start()
-        try:
-            async with jetstream.connect(broker.address) as js:
-                await js.create_stream("cas", "cas.in", cleanup_policy="compact",
-                                       fsync="interval", ack_policy="leader")
-                last = {"offset": -1}
+    async with one_broker(work, "cas", {"cas": {"cleanup_policy": "compact"}}) as (
+            _url, broker, js):
+        last = {"offset": -1}
 
-                async def update(i: int) -> int:
-                    try:
-                        ack = await js.publish("cas.in", b"%d" % i, key=b"k",
-                                               expected_last_offset_for_key=last["offset"])
-                    except KeyOffsetMismatch as exc:
-                        last["offset"] = max(last["offset"], exc.last_offset)
-                        return 0
-                    assert ack is not None
-                    last["offset"] = max(last["offset"], ack.offset)
-                    return 1
+        async def update(i: int) -> int:
+            try:
+                ack = await js.publish("cas.in", b"%d" % i, key=b"k",
+                                       expected_last_offset_for_key=last["offset"])
+            except KeyOffsetMismatch as exc:
+                last["offset"] = max(last["offset"], exc.last_offset)
+                return 0
+            assert ack is not None
+            last["offset"] = max(last["offset"], ack.offset)
+            return 1
 
-                await cas_loop(update, 0.5)  # warm-up: connections, the key's first write
-                cpu0 = cpu_seconds(broker.pid)
-                result = await cas_loop(update, plan.cas_seconds)
-                result["cpu_us_per_cas"] = (cpu_seconds(broker.pid) - cpu0) / max(
-                    result["ok"], 1) * 1e6
-        finally:
-            broker.stop()
+        await cas_loop(update, 0.5)  # warm-up: connections, the key's first write
+        cpu0 = cpu_seconds(broker.pid)
+        result = await cas_loop(update, plan.cas_seconds)
+        result["cpu_us_per_cas"] = (cpu_seconds(broker.pid) - cpu0) / max(
+            result["ok"], 1) * 1e6
     return result
 
 
