@@ -779,9 +779,10 @@ class DuplicateSequence(JetstreamError):
 
 
 class KeyNotTracked(JetstreamError):
-    """A key expectation names a key the leader no longer tracks (more keys than
-    `expectation_keys_max` were written since it became leader). Retry after the next
-    leader change or raise the limit."""
+    """A key expectation the leader cannot judge: the stream is not compacted (keys are
+    tracked on compacted streams only), or the key is no longer tracked (more keys than
+    `expectation_keys_max` were written since the leader started). Use a compacted stream,
+    or raise the limit."""
 
     code = "KEY_NOT_TRACKED"
 

@@ -6,7 +6,9 @@ Theory of operation
   ingest task takes whatever has arrived since its last append as one batch (up to a record
   and byte limit), turns each message into a record (an envelope is unpacked; anything else
   is stored as it came: payload as value, NATS headers as headers, subject kept) and appends
-  the batch without fsync.
+  the batch without fsync (jetstream.server.ingest_batch). Expectations and message ids are
+  judged by the partition's guard (jetstream.server.guarded) in log order, with no await
+  between judging and appending.
 - Durability: with fsync `always`, a sync task fsyncs in a thread while the ingest task
   appends the next batch, so one fsync covers every batch that landed before it started
   (group commit across batches). Other policies count a batch as written when appended.
@@ -411,8 +413,8 @@ class PartitionLeader:
                 raise RecordTooLarge(size, self.stream.max_message_bytes)
         if policy is _ALL and self._refuse_all():
             raise self._not_enough_replicas()
-        if self._stopping:
-            raise NotLeader(self.stream.name, self.state.partition)
+        if self._stopping or (expect is not None and self.guarded.guard is None):
+            raise NotLeader(self.stream.name, self.state.partition)  # not (yet) leading
         await self._wait_for_room()
         if self._disk is not None:
             self._disk.check(len(records))
