@@ -319,7 +319,7 @@ def _publish_value(args: argparse.Namespace) -> bytes:
 def _ack_json(ack: Ack) -> dict[str, Any]:
     return {"stream": ack.stream, "partition": ack.partition, "offset": ack.offset,
             "subject": ack.subject, "ack_policy": str(ack.ack_policy),
-            "duplicate": ack.duplicate}
+            **({"duplicate": True} if ack.duplicate else {})}
 
 
 async def pub(js: Client, args: argparse.Namespace) -> int:
