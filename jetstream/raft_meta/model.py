@@ -106,18 +106,15 @@ class StreamConfig:
         )
 
     def compaction_config(self) -> CompactionConfig:
-        """The cleaner's settings. Records inside the duplicate window are never compacted:
-        a new leader rebuilds the window from them (unless `max_compaction_lag_ms` is
-        shorter than the window: it wins)."""
-        lag = max(self.min_compaction_lag_ms, self.duplicate_window_ms)
-        if self.max_compaction_lag_ms is not None:
-            lag = min(lag, max(self.min_compaction_lag_ms, self.max_compaction_lag_ms))
+        """The cleaner's settings. Records carrying a message id or a producer stamp inside
+        the duplicate window are not compacted: a new leader rebuilds the window from them."""
         return CompactionConfig(
             min_cleanable_dirty_ratio=self.min_cleanable_dirty_ratio,
-            min_compaction_lag_ms=lag,
+            min_compaction_lag_ms=self.min_compaction_lag_ms,
             max_compaction_lag_ms=self.max_compaction_lag_ms,
             delete_retention_ms=self.delete_retention_ms,
             segment_bytes_max=self.segment_bytes_max,
+            duplicate_window_ms=self.duplicate_window_ms,
         )
 
     def updated(self, changes: Mapping[str, Any]) -> StreamConfig:

@@ -5,7 +5,6 @@ any step of a swap recovers to the old or the new segments."""
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,10 @@ from hypothesis import strategies as st
 
 from jetstream.compaction import checkpoint as cleaner_checkpoint
 from jetstream.compaction.cleaner import OffsetMapTooSmall, clean, read_batches
-from jetstream.compaction.planner import CleaningPlan, CleanupPolicy, CompactionConfig
+from jetstream.compaction.planner import CleaningPlan, CompactionConfig
 from jetstream.errors import CorruptRecord, SegmentsChanged
 from jetstream.idempotence.dedupe import GuardLimits
-from jetstream.idempotence.headers import REGISTERS, encode_registers
+from jetstream.idempotence.headers import MSG_ID, REGISTERS, encode_registers
 from jetstream.idempotence.replay import rebuild
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.stream import format as fmt
@@ -296,9 +295,20 @@ def test_a_register_change_survives_compaction(tmp_path: Path) -> None:
     log.close()
 
 
-def test_records_inside_the_duplicate_window_are_not_compacted() -> None:
-    config = StreamConfig("s", "s", cleanup_policy=CleanupPolicy.COMPACT,
-                          duplicate_window_ms=60_000)
-    assert config.compaction_config().min_compaction_lag_ms == 60_000
-    capped = replace(config, max_compaction_lag_ms=1000)
-    assert capped.compaction_config().min_compaction_lag_ms == 1000
+def test_records_with_ids_inside_the_duplicate_window_are_not_compacted(
+        tmp_path: Path) -> None:
+    clock = Clock(T0)
+    log = open_log(tmp_path, clock)
+    log.append([fmt.Record(b"old", b"k", {MSG_ID: b"old-id"})], 0)
+    clock.now += 60_000
+    log.append([fmt.Record(b"new", b"k", {MSG_ID: b"new-id"})], 0)
+    append(log, [(b"k", b"v%d" % i) for i in range(400)], per_batch=10)
+    config = CompactionConfig(segment_bytes_max=4096, duplicate_window_ms=30_000)
+    clean(log, whole_plan(log), config, 1 << 20, now_ms=clock.now + 1)
+    kept = [r.value for r in everything(log) if MSG_ID in r.headers]
+    assert kept == [b"new"]  # the old id left the window: compacted as any record
+    assert rebuild(log, GuardLimits(duplicate_window_ms=30_000), clock.now + 1,
+                   track_keys=False).ids.offset_of("new-id") == 1
+    assert StreamConfig("s", "s", duplicate_window_ms=5000).compaction_config() \
+        .duplicate_window_ms == 5000
+    log.close()
