@@ -8,7 +8,8 @@ refused with OUT_OF_ORDER_SEQUENCE, and a newer epoch of the same id fences the 
 (PRODUCER_FENCED). The leader keeps this state in its log, so it survives failover.
 
 So a publish here retries on its own — the same bytes, the same sequence — on an ack
-timeout, a lost connection, a leader change, too few in-sync replicas, and a gap (an earlier
+timeout, a lost connection, a leader change (also when no leader subscribes to the subject
+for a moment), too few in-sync replicas, and a gap (an earlier
 publish of this producer was lost and is being retried too), until it is acked or its
 `timeout` passes: no duplicates, no gaps. Publishes may run concurrently; each partition's
 sequences are given in the order the calls are made. A new session of the same id with a
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 from jetstream.errors import (
     AckTimeout,
     BrokerUnavailable,
+    NoStreamForSubject,
     NotEnoughReplicas,
     NotLeader,
     OutOfOrderSequence,
@@ -47,8 +49,10 @@ class Sender(Protocol):
                          ack_policy: AckPolicy | str | None, timeout: float,
                          **expect: Any) -> Ack | None: ...
 
-#: Errors after which the same publish is sent again.
-RETRIED = (AckTimeout, BrokerUnavailable, NotLeader, NotEnoughReplicas, OutOfOrderSequence)
+#: Errors after which the same publish is sent again (no stream reading the subject: while
+#: a partition's leadership moves, nobody subscribes to it for a moment).
+RETRIED = (AckTimeout, BrokerUnavailable, NotLeader, NotEnoughReplicas, OutOfOrderSequence,
+           NoStreamForSubject)
 ATTEMPT_TIMEOUT_S = 2.0
 SESSION_TIMEOUT_S = 60.0
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
