@@ -189,11 +189,12 @@ async def stream_create(js: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-#: Flags of `stream create` and `stream update` for the compaction and segment settings.
+#: Flags of `stream create` and `stream update` for the compaction, segment and message id
+#: dedupe settings.
 _COMPACTION_FLAGS = {
     "cleanup_policy": str, "min_cleanable_dirty_ratio": float, "min_compaction_lag_ms": int,
     "max_compaction_lag_ms": int, "delete_retention_ms": int, "segment_bytes_max": int,
-    "segment_ms_max": int,
+    "segment_ms_max": int, "duplicate_window_ms": int,
 }
 #: What `stream update` may change, and how a flag's text is read ("none": no limit).
 _UPDATE_FLAGS = {
@@ -333,7 +334,8 @@ def _publish_value(args: argparse.Namespace) -> bytes:
 
 def _ack_json(ack: Ack) -> dict[str, Any]:
     return {"stream": ack.stream, "partition": ack.partition, "offset": ack.offset,
-            "subject": ack.subject, "ack_policy": str(ack.ack_policy)}
+            "subject": ack.subject, "ack_policy": str(ack.ack_policy),
+            **({"duplicate": True} if ack.duplicate else {})}
 
 
 async def pub(js: Client, args: argparse.Namespace) -> int:
@@ -347,14 +349,29 @@ async def pub(js: Client, args: argparse.Namespace) -> int:
         return await _pub_many(js, args, value, key, headers)
     ack = await js.publish(args.subject, value, key=key, headers=headers,
                            ack_policy=args.ack_policy, partition=args.partition,
-                           timeout=ACK_TIMEOUT_S)
+                           timeout=ACK_TIMEOUT_S, **_expectations(args))
     if ack is None:  # ack policy none
         emit(args, {"sent": 1, "acked": False},
               "sent 1 message (ack policy none: the broker sends no ack)")
         return 0
     emit(args, _ack_json(ack),
-          f"acked: stream {ack.stream}, partition {ack.partition}, offset {ack.offset}")
+          f"acked: stream {ack.stream}, partition {ack.partition}, offset {ack.offset}"
+          + (" (a duplicate: stored before, not again)" if ack.duplicate else ""))
     return 0
+
+
+def _expectations(args: argparse.Namespace) -> dict[str, Any]:
+    """The expectation flags of `pub` that were given."""
+    out: dict[str, Any] = {name: getattr(args, name) for name in (
+        "msg_id", "expected_offset", "expected_last_offset_for_key", "check_registers")
+        if getattr(args, name) is not None}
+    for name in ("union_registers", "subtract_registers"):
+        flag = "--" + name.replace("_registers", "-register")
+        if getattr(args, name):
+            out[name] = parse_pairs(getattr(args, name), flag)
+    if out and args.count > 1:
+        raise UsageError("expectations apply to one message: not with --count")
+    return out
 
 
 async def _pub_many(js: Client, args: argparse.Namespace, template: bytes, key: bytes | None,
@@ -550,6 +567,19 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     publish.add_argument("--partition", type=int)
     publish.add_argument("--count", type=int, default=1,
                          help="publish N messages, pipelined; {i} in VALUE or --key is 1..N")
+    publish.add_argument("--msg-id", help="deduplicated within the stream's "
+                         "duplicate_window_ms: a retry is acked as a duplicate, not stored")
+    publish.add_argument("--expected-offset", type=int, metavar="N",
+                         help="fail with OFFSET_MISMATCH unless the message lands at N")
+    publish.add_argument("--expected-last-offset-for-key", type=int, metavar="N",
+                         help="fail with KEY_OFFSET_MISMATCH unless the key's latest record "
+                              "is at N (-1: the key has none)")
+    publish.add_argument("--check-registers", metavar="SELECTOR",
+                         help="fail with REGISTER_MISMATCH unless the registers match")
+    publish.add_argument("--union-register", dest="union_registers", action="append",
+                         metavar="NAME=VALUE", help="set a register with the message")
+    publish.add_argument("--subtract-register", dest="subtract_registers", action="append",
+                         metavar="NAME=VALUE", help="remove a register (where equal)")
 
     subscribe = leaf(commands, "sub", sub, "print a partition's messages, or with --group "
                      "those a consumer group gives this member")

@@ -73,6 +73,7 @@ class StreamAdmin:
         min_compaction_lag_ms: int | None = None,
         max_compaction_lag_ms: int | None = None,
         delete_retention_ms: int | None = None,
+        duplicate_window_ms: int | None = None,
         group: str | None = None,
     ) -> StreamInfo:
         """Create a stream reading `subject` (partition p > 0 reads `<subject>.<p>`); options
@@ -97,7 +98,8 @@ class StreamAdmin:
                    "min_cleanable_dirty_ratio": min_cleanable_dirty_ratio,
                    "min_compaction_lag_ms": min_compaction_lag_ms,
                    "max_compaction_lag_ms": max_compaction_lag_ms,
-                   "delete_retention_ms": delete_retention_ms}
+                   "delete_retention_ms": delete_retention_ms,
+                   "duplicate_window_ms": duplicate_window_ms}
         config.update((k, v) for k, v in options.items() if v is not None)
         await self._router.admin(m.CreateStreamRequest(config), m.EmptyResponse)
         return await self.stream_info(name)

@@ -27,6 +27,7 @@ import itertools
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -125,13 +126,15 @@ class Publisher:
 
     async def publish(self, subject: str, value: bytes | None, key: bytes | None,
                       headers: Mapping[str, bytes] | None, ack_policy: AckPolicy | str | None,
-                      timeout_s: float) -> Ack | None:
+                      timeout_s: float, **expect: Any) -> Ack | None:
+        """`expect`: the envelope's expectation fields (msg_id, producer, ...)."""
         if _no_ack(ack_policy):
-            await self.send_unacked(subject, value, key, headers)
+            await self.send_unacked(subject, value, key, headers, **expect)
             return None
         correlation_id = str(next(self._ids))
         inbox = f"{self.inbox_prefix}.{correlation_id}"
-        payload = encode_envelope(value, key, headers, inbox, correlation_id, ack_policy)
+        payload = encode_envelope(value, key, headers, inbox, correlation_id, ack_policy,
+                                  **expect)
         future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
         self._waiters[correlation_id] = future
         try:
@@ -143,9 +146,9 @@ class Publisher:
             self._waiters.pop(correlation_id, None)
 
     async def send_unacked(self, subject: str, value: bytes | None, key: bytes | None,
-                           headers: Mapping[str, bytes] | None) -> None:
+                           headers: Mapping[str, bytes] | None, **expect: Any) -> None:
         """Publish with ack policy `none`: nothing comes back, so nothing is awaited."""
-        payload = encode_envelope(value, key, headers, None, None, AckPolicy.NONE)
+        payload = encode_envelope(value, key, headers, None, None, AckPolicy.NONE, **expect)
         try:
             await self._nc.publish(subject, payload)
         except MaxPayloadError:

@@ -21,6 +21,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NatsClient
 
+from jetstream.client.idempotent import IdempotentProducer
 from jetstream.client.partitioner import Partitioner
 from jetstream.client.publisher import BatchItem, Publisher
 from jetstream.client.routing import Router
@@ -62,6 +63,12 @@ class Publishing:
         ack_policy: AckPolicy | str | None = None,
         partition: int | None = None,
         timeout: float = PUBLISH_TIMEOUT_S,
+        msg_id: str | None = None,
+        expected_offset: int | None = None,
+        expected_last_offset_for_key: int | None = None,
+        check_registers: str | None = None,
+        union_registers: Mapping[str, str] | None = None,
+        subtract_registers: Mapping[str, str] | None = None,
     ) -> Ack | None:
         """Publish `value` on `subject` through NATS and wait for the ack (the stream's ack
         policy unless `ack_policy` says otherwise). A None value with a key is a tombstone:
@@ -72,12 +79,47 @@ class Publishing:
         stores the message and the first ack is returned. Raises AckTimeout (no ack within
         `timeout` seconds: the message may still be stored), NoStreamForSubject (nothing
         reads the subject), the error of an error ack (MESSAGE_TOO_LARGE, ...),
-        ProtocolError for bad arguments."""
+        ProtocolError for bad arguments.
+
+        Expectations (all optional, checked by the partition leader in log order): `msg_id`
+        makes the publish idempotent within the stream's `duplicate_window_ms` (a retry is
+        answered with the original's offset and `Ack.duplicate`); `expected_offset` (the
+        record must land there, else OffsetMismatch), `expected_last_offset_for_key` (the
+        key's latest record must be at that offset, -1: the key has none; compacted streams;
+        else KeyOffsetMismatch), `check_registers` (a label selector the partition's
+        registers must match, else RegisterMismatch) and `union_registers` /
+        `subtract_registers` (register labels set / removed with the record)."""
+        target = self.target_subject(subject, key, partition)
+        expect = {name: v for name, v in (
+            ("msg_id", msg_id), ("expected_offset", expected_offset),
+            ("expected_last_offset_for_key", expected_last_offset_for_key),
+            ("check_registers", check_registers), ("union_registers", union_registers),
+            ("subtract_registers", subtract_registers)) if v is not None}
+        return await self.publish_to(target, value, key, headers, ack_policy, timeout,
+                                     **expect)
+
+    def target_subject(self, subject: str, key: bytes | None, partition: int | None) -> str:
+        """The subject a publish goes to: `subject`, or its partition's subject."""
+        return self._partitioner.subject_for(subject, key, partition)
+
+    async def publish_to(self, target: str, value: bytes | None, key: bytes | None,
+                         headers: Mapping[str, bytes] | None,
+                         ack_policy: AckPolicy | str | None, timeout: float,
+                         **expect: Any) -> Ack | None:
+        """Publish to the partition subject `target` (`expect`: envelope fields)."""
         publisher = await self._ensure_publisher()
         self._router.refresh_in_background()
-        target = self._partitioner.subject_for(subject, key, partition)
         data = None if value is None else bytes(value)
-        return await publisher.publish(target, data, key, headers, ack_policy, timeout)
+        return await publisher.publish(target, data, key, headers, ack_policy, timeout,
+                                       **expect)
+
+    def idempotent_producer(self, producer_id: str | None = None,
+                            epoch: int = 0) -> IdempotentProducer:
+        """An idempotent producer session (jetstream.client.idempotent): its publishes retry
+        on their own with no duplicates and no gaps. `producer_id` (1..64 of A-Z a-z 0-9 . _
+        -; default: a random one) with a higher `epoch` fences the sessions of lower
+        epochs."""
+        return IdempotentProducer(self, producer_id, epoch)
 
     async def publish_batch(
         self,

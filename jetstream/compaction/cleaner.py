@@ -154,7 +154,8 @@ def clean(log: Log, plan: CleaningPlan, config: CompactionConfig, buffer_bytes: 
         replaced = [by_base[info.base_offset] for info in group]
         batches = (item for segment in replaced for item in read_batches(segment.log_path))
         path = cleaning.write_cleaned(log.directory, replaced[0].base_offset,
-                                      filter_batches(batches, keep, stats))
+                                      filter_batches(batches, keep, stats,
+                                                     now - config.duplicate_window_ms))
         log.replace_segments(replaced, path, hook)
     new_state = state.after_pass(end_offset, now, config.delete_retention_ms,
                                  stats.new_tombstones > 0)

@@ -62,6 +62,9 @@ class CompactionConfig:
     delete_retention_ms: int = DAY_MS
     #: Cleaned segments are grouped up to this size (the stream's segment size).
     segment_bytes_max: int = 64 * 1024 * 1024
+    #: A batch holding a message id or a producer stamp is kept whole while it is younger
+    #: than this (ms): a new leader rebuilds the duplicate window from it.
+    duplicate_window_ms: int = 0
 
     def __post_init__(self) -> None:
         ratio = self.min_cleanable_dirty_ratio

@@ -13,6 +13,10 @@ Theory of operation
   headers and subjects; a run of batches that lost every record becomes one empty batch
   holding the run's range; a run never crosses a change of leader epoch, so every batch
   keeps the epoch its records were written in.
+- A batch holding a register change (jetstream.idempotence.headers) is kept whole: the
+  partition's registers are rebuilt from the newest one. So is a batch holding a message id
+  or a producer stamp whose newest record is inside the duplicate window
+  (`window_start_ms`): a new leader rebuilds the window from them.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from dataclasses import dataclass
 
 from jetstream.compaction.checkpoint import CleanerCheckpoint
 from jetstream.compaction.offset_map import KeyInfo, OffsetMap, scan_keys
+from jetstream.idempotence.headers import MSG_ID, PRODUCER, REGISTERS
 from jetstream.stream import format as fmt
 
 Keep = Callable[[int, bytes | None, bool], bool]
+_REGISTERS = REGISTERS.encode()
+_WINDOWED = (MSG_ID.encode(), PRODUCER.encode())
 
 
 def retention_rule(offset_map: OffsetMap, checkpoint: CleanerCheckpoint, now_ms: int,
@@ -80,7 +87,7 @@ class _EmptyRun:
 
 
 def filter_batches(batches: Iterable[tuple[bytes, int, fmt.BatchHeader]], keep: Keep,
-                   stats: PassStats) -> Iterator[bytes]:
+                   stats: PassStats, window_start_ms: int | None = None) -> Iterator[bytes]:
     """The cleaned batches for `batches` ((buffer, position, header), in offset order,
     CRC-verified), tiling exactly the same offsets."""
     empty: _EmptyRun | None = None
@@ -88,7 +95,13 @@ def filter_batches(batches: Iterable[tuple[bytes, int, fmt.BatchHeader]], keep: 
         stats.bytes_read += header.size
         infos = scan_keys(buf, pos, header)
         stats.records_read += len(infos)
-        kept = [keep(offset, key, tombstone) for offset, key, tombstone in infos]
+        end = pos + header.size
+        if buf.find(_REGISTERS, pos, end) >= 0 or (
+                window_start_ms is not None and header.max_timestamp >= window_start_ms
+                and any(buf.find(name, pos, end) >= 0 for name in _WINDOWED)):
+            kept = [True] * len(infos)  # a new leader rebuilds its registers or window from it
+        else:
+            kept = [keep(offset, key, tombstone) for offset, key, tombstone in infos]
         removed = kept.count(False)
         if removed:
             stats.records_removed += removed

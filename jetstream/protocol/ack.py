@@ -11,7 +11,9 @@ data fields; `decode_ack` raises it as the JetstreamError of that code (wire_err
 `parse_ack` returns it with the stream, partition and correlation id it concerns.
 
     single  {"stream": s, "partition": p, "offset": n, "subject": subj,
-             "correlation_id": c | null, "ack_policy": "leader" | "all"}
+             "correlation_id": c | null, "ack_policy": "leader" | "all",
+             "duplicate": true (only when it is: a retried message id or producer sequence,
+             stored earlier at `offset` and not stored again)}
     error   {"stream": s, "partition": p, "correlation_id": c | null,
              "error": {"code": "...", "message": "...", ...data fields}}
     batch   {"stream": s, "partition": p, "ack_policy": "leader" | "all",
@@ -52,6 +54,8 @@ class Ack:
     ack_policy: AckPolicy
     #: The subject the message arrived on; None in a batch ack, which does not carry it.
     subject: str | None = None
+    #: True when the message was a retry of one stored earlier at `offset`: not stored again.
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +74,19 @@ def _dumps(obj: dict[str, Any]) -> bytes:
 
 
 def encode_ack(stream: str, partition: int, offset: int, subject: str,
-               correlation_id: str | None, ack_policy: AckPolicy | str) -> bytes:
+               correlation_id: str | None, ack_policy: AckPolicy | str,
+               duplicate: bool = False) -> bytes:
     """The ack of one message. Raises ProtocolError naming a bad argument."""
     _check_target(stream, partition, correlation_id, _raise_bad)
     _check_offset(offset, "offset", _raise_bad)
     if not names.is_subject(subject, wildcards=False):
         _raise_bad("subject", "must be a NATS subject without wildcards")
-    return _dumps({"stream": stream, "partition": partition, "offset": offset,
-                   "subject": subject, "correlation_id": correlation_id,
-                   "ack_policy": _check_policy(ack_policy, _raise_bad)})
+    ack = {"stream": stream, "partition": partition, "offset": offset, "subject": subject,
+           "correlation_id": correlation_id,
+           "ack_policy": _check_policy(ack_policy, _raise_bad)}
+    if duplicate:
+        ack["duplicate"] = True
+    return _dumps(ack)
 
 
 def encode_error_ack(stream: str, partition: int, correlation_id: str | None,
@@ -155,7 +163,8 @@ def _single(stream: str, partition: int, policy: AckPolicy, obj: dict[str, Any],
             subject: str | None) -> Ack:
     offset = _check_offset(obj.get("offset"), "offset", _raise_malformed)
     correlation_id = _check_correlation_id(obj.get("correlation_id"), _raise_malformed)
-    return Ack(stream, partition, offset, correlation_id, policy, subject)
+    return Ack(stream, partition, offset, correlation_id, policy, subject,
+               obj.get("duplicate") is True)
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -216,6 +225,8 @@ class AckEncoder:
 
     def __init__(self, stream: str, partition: int) -> None:
         _check_target(stream, partition, None, _raise_bad)
+        self.stream = stream
+        self.partition = partition
         self._prefix = (f'{{"stream":{json.dumps(stream)},"partition":{partition},'
                         '"offset":')
         self._subjects: dict[str, str] = {}

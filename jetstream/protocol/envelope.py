@@ -24,6 +24,17 @@ envelopes with `encode_envelope` gets its mistakes reported on its side instead.
         "ack_policy"      "leader" | "all" | "none" | nil   nil: the stream's default
         "batch_ack"       bool                 one ack for the envelopes of an append that
                                                share this ack inbox (default false)
+        "msg_id"          str | nil            deduplicated within the stream's
+                                               duplicate_window_ms (1..256 characters)
+        "producer"        [id, epoch, seq] | nil   an idempotent producer's stamp: id of
+                                               1..64 of A-Z a-z 0-9 . _ -, epoch u31, seq u63
+        "expected_offset" int | nil            the record must land at this offset
+        "expected_last_offset_for_key"  int | nil   the key's latest record must be at
+                                               this offset; -1: the key has no record
+        "check_registers" str | nil            a label selector the partition's registers
+                                               must match
+        "union_registers", "subtract_registers"   map str -> str | nil   register labels
+                                               set / removed (when equal) with the record
       Absent and nil mean the same; unknown keys are ignored. The encoder omits defaults.
 """
 
@@ -38,6 +49,7 @@ from typing import Any
 import msgpack
 
 from jetstream.errors import ProtocolError
+from jetstream.idempotence import headers as idem
 from jetstream.protocol import names
 
 MAGIC = b"JSEV"
@@ -49,6 +61,9 @@ PREFIX_BYTES = PREFIX.pack(MAGIC, VERSION)
 _PREFIX_BYTES = PREFIX_BYTES
 
 CORRELATION_ID_CHARS_MAX = 256
+#: The envelope fields that carry expectations (all optional).
+EXPECTATION_FIELDS = ("msg_id", "producer", "expected_offset", "expected_last_offset_for_key",
+                      "check_registers", "union_registers", "subtract_registers")
 HEADERS_MAX = 256
 HEADER_NAME_CHARS_MAX = 256
 
@@ -77,6 +92,22 @@ class Envelope:
     correlation_id: str | None = None
     ack_policy: AckPolicy | None = None
     batch_ack: bool = False
+    msg_id: str | None = None
+    #: (producer id, epoch, sequence) of an idempotent producer.
+    producer: tuple[str, int, int] | None = None
+    expected_offset: int | None = None
+    expected_last_offset_for_key: int | None = None
+    check_registers: str | None = None
+    union_registers: Mapping[str, str] | None = None
+    subtract_registers: Mapping[str, str] | None = None
+
+    @property
+    def has_expectations(self) -> bool:
+        return (self.msg_id is not None or self.producer is not None
+                or self.expected_offset is not None
+                or self.expected_last_offset_for_key is not None
+                or self.check_registers is not None or bool(self.union_registers)
+                or bool(self.subtract_registers))
 
     def __post_init__(self) -> None:
         # Raises ProtocolError naming the field; decode_envelope turns that into None.
@@ -103,6 +134,27 @@ class Envelope:
         object.__setattr__(self, "ack_policy", _ack_policy(self.ack_policy))
         if not isinstance(self.batch_ack, bool):
             raise _bad("batch_ack", "must be a bool")
+        self._check_expectations()
+
+    def _check_expectations(self) -> None:
+        if self.msg_id is not None:
+            idem.check_msg_id(self.msg_id)
+        if self.producer is not None:
+            if not isinstance(self.producer, list | tuple) or len(self.producer) != 3:
+                raise _bad("producer", "must be [producer id, epoch, sequence]")
+            idem.check_producer(*self.producer)
+            object.__setattr__(self, "producer", tuple(self.producer))
+        for name, low in (("expected_offset", 0), ("expected_last_offset_for_key", -1)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not low <= value < 2**63):
+                raise _bad(name, f"must be an integer of at least {low}")
+        if self.check_registers is not None and not isinstance(self.check_registers, str):
+            raise _bad("check_registers", "must be a label selector")
+        for name in ("union_registers", "subtract_registers"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, idem.check_registers(value, name))
 
 
 def _bad(name: str, why: str) -> ProtocolError:
@@ -125,11 +177,16 @@ def encode_envelope(
     correlation_id: str | None = None,
     ack_policy: AckPolicy | str | None = None,
     batch_ack: bool = False,
+    **expectations: Any,
 ) -> bytes:
-    """A NATS payload holding `value` in an envelope. Raises ProtocolError naming a bad
-    argument."""
+    """A NATS payload holding `value` in an envelope; `expectations` are the envelope's
+    expectation fields (msg_id, producer, expected_offset, ...). Raises ProtocolError naming a
+    bad argument."""
+    unknown = sorted(set(expectations) - set(EXPECTATION_FIELDS))
+    if unknown:
+        raise ProtocolError(f"unknown envelope field {unknown[0]!r}", field=unknown[0])
     envelope = Envelope(value, key, headers if headers is not None else {}, ack_inbox,
-                        correlation_id, _ack_policy(ack_policy), batch_ack)
+                        correlation_id, _ack_policy(ack_policy), batch_ack, **expectations)
     body: dict[str, Any] = {"value": envelope.value}
     if envelope.key is not None:
         body["key"] = envelope.key
@@ -143,6 +200,9 @@ def encode_envelope(
         body["ack_policy"] = envelope.ack_policy.value
     if envelope.batch_ack:
         body["batch_ack"] = True
+    for name in EXPECTATION_FIELDS:
+        if (field_value := getattr(envelope, name)) is not None:
+            body[name] = list(field_value) if name == "producer" else field_value
     packed: bytes = msgpack.packb(body, use_bin_type=True)
     return _PREFIX_BYTES + packed
 
@@ -175,6 +235,7 @@ def decode_envelope(payload: bytes | bytearray | memoryview) -> Envelope | None:
             correlation_id=body.get("correlation_id"),
             ack_policy=body.get("ack_policy"),
             batch_ack=False if batch_ack is None else batch_ack,
+            **{name: body[name] for name in EXPECTATION_FIELDS if name in body},
         )
     except Exception:  # whatever is wrong, the payload is a plain message
         return None

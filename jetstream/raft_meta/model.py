@@ -29,8 +29,10 @@ UPDATABLE_FIELDS = frozenset({
     "ack_policy", "fsync", "fsync_interval_ms", "retention_ms", "retention_bytes",
     "retention_messages", "segment_bytes_max", "segment_ms_max", "max_message_bytes",
     "cleanup_policy", "min_cleanable_dirty_ratio", "min_compaction_lag_ms",
-    "max_compaction_lag_ms", "delete_retention_ms",
+    "max_compaction_lag_ms", "delete_retention_ms", "duplicate_window_ms",
 })
+#: The longest message id dedupe window a stream may have.
+DUPLICATE_WINDOW_MS_MAX = 7 * DAY_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,8 @@ class StreamConfig:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int | None = None
     delete_retention_ms: int = DAY_MS
+    #: How long a message id (and an idempotent producer) is remembered after its publish.
+    duplicate_window_ms: int = 120_000
 
     def __post_init__(self) -> None:
         names.check_stream_name(self.name)
@@ -67,6 +71,7 @@ class StreamConfig:
         _int(self, "replication_factor", 1, REPLICATION_FACTOR_MAX)
         _int(self, "min_isr", 1, self.replication_factor)
         _int(self, "max_message_bytes", 64, MESSAGE_BYTES_MAX)
+        _int(self, "duplicate_window_ms", 1, DUPLICATE_WINDOW_MS_MAX)
         for name, enum_type in (("ack_policy", AckPolicy), ("fsync", FsyncPolicy),
                                 ("cleanup_policy", CleanupPolicy)):
             value = getattr(self, name)
@@ -101,12 +106,15 @@ class StreamConfig:
         )
 
     def compaction_config(self) -> CompactionConfig:
+        """The cleaner's settings. Records carrying a message id or a producer stamp inside
+        the duplicate window are not compacted: a new leader rebuilds the window from them."""
         return CompactionConfig(
             min_cleanable_dirty_ratio=self.min_cleanable_dirty_ratio,
             min_compaction_lag_ms=self.min_compaction_lag_ms,
             max_compaction_lag_ms=self.max_compaction_lag_ms,
             delete_retention_ms=self.delete_retention_ms,
             segment_bytes_max=self.segment_bytes_max,
+            duplicate_window_ms=self.duplicate_window_ms,
         )
 
     def updated(self, changes: Mapping[str, Any]) -> StreamConfig:

@@ -59,6 +59,13 @@ class BrokerConfig:
     ingest_batch_bytes_max: int = 8 * MiB
     #: Appended batches waiting for fsync/commit before ingest pauses.
     ingest_inflight_batches_max: int = 64
+    #: Per partition leader: message ids remembered within the duplicate window, idempotent
+    #: producers, sequences remembered per producer, keys tracked for key expectations
+    #: (compacted streams). Past each, the oldest are forgotten first.
+    dedupe_ids_max: int = 1_000_000
+    dedupe_producers_max: int = 10_000
+    dedupe_sequences_max: int = 1_000
+    expectation_keys_max: int = 1_000_000
     #: Log cleaner (compacted streams): passes running at once (threads), the memory of one
     #: pass's offset map, and how long the cleaner sleeps when no partition is due.
     cleaner_threads: int = 1
@@ -189,6 +196,10 @@ class BrokerConfig:
         _range(self, "ingest_batch_records_max", 1, 1_000_000)
         _range(self, "ingest_batch_bytes_max", 1024, 512 * MiB)
         _range(self, "ingest_inflight_batches_max", 1, 100_000)
+        _range(self, "dedupe_ids_max", 1, 100_000_000)
+        _range(self, "dedupe_producers_max", 1, 10_000_000)
+        _range(self, "dedupe_sequences_max", 1, 1_000_000)
+        _range(self, "expectation_keys_max", 1, 100_000_000)
         _range(self, "retention_check_ms", 10, 86_400_000)
         _range(self, "disk_reserve_bytes", 0, 1 << 30)
         _range(self, "disk_high_watermark_percent", 1, 100)

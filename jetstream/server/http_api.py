@@ -52,6 +52,7 @@ from jetstream.protocol.envelope import AckPolicy
 from jetstream.security.tls import server_ssl
 from jetstream.server.api import HttpServices
 from jetstream.server.config import BrokerConfig
+from jetstream.server.guarded import from_http
 from jetstream.server.http_groups import BrokerClient, add_group_routes
 from jetstream.stream.format import Record, StoredRecord, decode_batches
 
@@ -93,6 +94,13 @@ _STATUS = {
     "GROUP_FULL": 409,
     "TOO_MANY_GROUPS": 507,
     "NO_COMMITTED_OFFSET": 404,
+    "OFFSET_MISMATCH": 412,
+    "KEY_OFFSET_MISMATCH": 412,
+    "REGISTER_MISMATCH": 412,
+    "OUT_OF_ORDER_SEQUENCE": 409,
+    "PRODUCER_FENCED": 409,
+    "DUPLICATE_SEQUENCE": 409,
+    "KEY_NOT_TRACKED": 409,
 }
 
 
@@ -363,7 +371,7 @@ def build_app(services: HttpServices, broker_client: BrokerClient) -> FastAPI:
 
     @app.post("/streams/{name}/partitions/{partition}/messages",
               responses=_errors(400, 404, 413, 503, 507))
-    async def append_messages(name: str, partition: int,
+    async def append_messages(name: str, partition: int, request: Request,
                               body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
         items = body.get("messages")
         if not isinstance(items, list) or not 0 < len(items) <= APPEND_MESSAGES_MAX:
@@ -377,8 +385,16 @@ def build_app(services: HttpServices, broker_client: BrokerClient) -> FastAPI:
                                 field="ack_policy") from None
         leader = services.leader_for(name, partition)
         records = [record_from_json(item, i) for i, item in enumerate(items)]
-        first, end = await leader.append_direct(records, policy)
-        return {"stream": name, "partition": partition, "offsets": list(range(first, end))}
+        expect = from_http(request.headers, body, records)
+        first, end, duplicate = await leader.append_expecting(records, policy, expect)
+        return {"stream": name, "partition": partition, "offsets": list(range(first, end)),
+                "duplicate": duplicate}
+
+    @app.get("/streams/{name}/partitions/{partition}/registers", responses=_errors(404, 503))
+    async def read_registers(name: str, partition: int) -> dict[str, Any]:
+        leader = services.leader_for(name, partition)
+        return {"stream": name, "partition": partition,
+                "registers": leader.guarded.registers}
 
     add_group_routes(app, broker_client, _errors)
     return app

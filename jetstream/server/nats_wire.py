@@ -38,6 +38,7 @@ Theory of operation
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -62,6 +63,8 @@ OP_OK: Final = b"+OK"
 OP_ERR: Final = b"-ERR"
 OP_INFO: Final = b"INFO"
 HEADER_VERSION: Final = "NATS/1.0"
+#: Whitespace inside a header name makes the line malformed (skipped).
+_SPACE: Final = re.compile(r"\s")
 STATUS_KEY: Final = "Status"
 DESCRIPTION_KEY: Final = "Description"
 PING: Final = b"PING\r\n"
@@ -367,6 +370,7 @@ def parse_headers(block: bytes) -> dict[str, str]:
     as a dict, leniently (see the module doc): malformed lines are skipped, never raised."""
     lines = block.decode(errors="replace").split("\r\n")
     headers: dict[str, str] = {}
+    has_space = _SPACE.search
     first = lines[0]
     if first.startswith(HEADER_VERSION):
         status = first[len(HEADER_VERSION):].strip()
@@ -380,7 +384,7 @@ def parse_headers(block: bytes) -> dict[str, str]:
     for line in lines:
         key, colon, value = line.partition(":")
         key = key.strip()
-        if colon and key and not any(c.isspace() for c in key):
+        if colon and key and has_space(key) is None:
             headers[key] = value.strip()
     return headers
 

@@ -6,7 +6,9 @@ Theory of operation
   ingest task takes whatever has arrived since its last append as one batch (up to a record
   and byte limit), turns each message into a record (an envelope is unpacked; anything else
   is stored as it came: payload as value, NATS headers as headers, subject kept) and appends
-  the batch without fsync.
+  the batch without fsync (jetstream.server.ingest_batch). Expectations and message ids are
+  judged by the partition's guard (jetstream.server.guarded) in log order, with no await
+  between judging and appending.
 - Durability: with fsync `always`, a sync task fsyncs in a thread while the ingest task
   appends the next batch, so one fsync covers every batch that landed before it started
   (group commit across batches). Other policies count a batch as written when appended.
@@ -60,6 +62,7 @@ from jetstream.errors import (
     OffsetOutOfRange,
     RecordTooLarge,
 )
+from jetstream.idempotence.guard import Expectations
 from jetstream.isr.leader import (
     AdvanceHighWatermark,
     Decision,
@@ -69,25 +72,30 @@ from jetstream.isr.leader import (
 )
 from jetstream.offsets.records import is_internal
 from jetstream.protocol import ack as ack_codec
-from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
-from jetstream.protocol.envelope import AckPolicy, decode_envelope
+from jetstream.protocol.envelope import AckPolicy
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
+from jetstream.server.guarded import PartitionGuard, judge_direct
 from jetstream.server.housekeeping import Housekeeping
+from jetstream.server.ingest_batch import (
+    IngestBatch,
+    apply_verdicts,
+    encode_acks,
+    take_messages,
+)
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort, Subscription
 from jetstream.server.nats_wire import NatsMsg
 from jetstream.server.scheduler import Scheduler
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.file_slice import FileSlice
-from jetstream.stream.format import NO_HEADERS, Record
-from jetstream.stream.log import Log
+from jetstream.stream.format import Record
+from jetstream.stream.log import AppendInfo, Log
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-_NO_ACK = AckPolicy.NONE
 _ALL = AckPolicy.ALL
 #: Wait before proposing an ISR change again after its outcome was unknown (a timeout).
 PROPOSE_RETRY_MS = 500
@@ -187,6 +195,7 @@ class PartitionLeader:
         self._scheduler = scheduler
         self._housekeeping = Housekeeping(self, scheduler, config, self._tick)
         self._stopping = False
+        self.guarded = PartitionGuard(stream, config)
 
     @property
     def name(self) -> str:
@@ -195,6 +204,7 @@ class PartitionLeader:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        await self.guarded.load(self.log, self._executor)
         if self._replication is not None:
             self._start_replication(self._replication)
         if not is_internal(self.stream.name):  # internal streams take only append_direct
@@ -265,6 +275,7 @@ class PartitionLeader:
     def reconfigure(self, stream: StreamConfig) -> None:
         """The stream was updated (its fsync policy unchanged: that takes a new leader)."""
         self.stream = stream
+        self.guarded.reconfigure(stream, self.log)
         self._housekeeping.segments_changed()
 
     def segments_changed(self) -> None:
@@ -298,60 +309,45 @@ class PartitionLeader:
                 lambda: len(self._unsynced) + len(self._uncommitted) < limit)
 
     async def _append_messages(self, msgs: list[NatsMsg]) -> None:
-        records: list[Record] = []
-        # (index in records, inbox, correlation id, policy, batch ack) of messages to ack
-        targets: list[tuple[int, str, str | None, AckPolicy, bool]] = []
-        default_policy = self.stream.ack_policy
-        max_bytes = self.stream.max_message_bytes
-        errors: list[tuple[str, str | None, JetstreamError]] = []
-        # The hot loop of ingest: plain tuples, locals, no calls a message can do without.
-        new_record = tuple.__new__
         refuse_all = self._refuse_all()
-        value: bytes | None  # None: a tombstone (an envelope's nil value)
-        for subject, reply, nats_headers, data in msgs:
-            envelope = decode_envelope(data) if data.startswith(ENVELOPE_PREFIX) else None
-            if envelope is None:
-                value, key, corr, inbox = data, None, None, reply
-                headers = _nats_headers(nats_headers) if nats_headers else NO_HEADERS
-                policy, batch_ack = default_policy, False
+        batch = take_messages(msgs, self.stream, refuse_all, self._not_enough_replicas)
+        self.metrics.errors += len(batch.errors)
+        info: AppendInfo | None = None
+        # Judged and appended with no await between: no other append comes in between.
+        guard_pass = (self.guarded.begin(self.log)
+                      if self.guarded.needed(batch.expects is not None) else None)
+        if guard_pass is not None:
+            apply_verdicts(batch, guard_pass)
+        if batch.records:
+            try:
+                if self._disk is not None:
+                    self._disk.check(len(batch.records))
+                info = self.log.append(batch.records, self.state.leader_epoch, sync=False)
+            except JetstreamError as exc:
+                log.warning("append to %s failed: %s", self.name, exc)
+                self.metrics.errors += len(batch.records)
+                batch.errors.extend((t[1], t[2], exc) for t in batch.targets)
+                batch.errors.extend((d[0], d[1], exc) for d in batch.duplicates)
+                batch.duplicates.clear()
             else:
-                value, key, corr = envelope.value, envelope.key, envelope.correlation_id
-                inbox = envelope.ack_inbox or reply
-                headers = envelope.headers
-                policy = envelope.ack_policy or default_policy
-                batch_ack = envelope.batch_ack
-            if value is not None and len(value) > max_bytes:
-                if inbox:
-                    errors.append((inbox, corr, RecordTooLarge(len(value), max_bytes)))
-                self.metrics.errors += 1
-                continue
-            if refuse_all and policy is _ALL:
-                if inbox:
-                    errors.append((inbox, corr, self._not_enough_replicas()))
-                continue
-            if inbox and policy is not _NO_ACK:
-                targets.append((len(records), inbox, corr, policy, batch_ack))
-            records.append(new_record(Record, (value, key, headers, subject, None)))
-        if errors:
-            await self._publish_errors(errors)
-        if not records:
-            return
-        try:
-            if self._disk is not None:
-                self._disk.check(len(records))
-            info = self.log.append(records, self.state.leader_epoch, sync=False)
-        except JetstreamError as exc:
-            log.warning("append to %s failed: %s", self.name, exc)
-            self.metrics.errors += len(records)
-            await self._publish_errors([(t[1], t[2], exc) for t in targets])
-            return
-        self.metrics.appended_records += len(records)
-        self.metrics.appended_bytes += info.size_bytes
-        self._on_append()
-        leader_acks, all_acks = self._encode_acks(info.base_offset, records, targets)
-        all_targets = [(t[1], t[2]) for t in targets if t[3] is _ALL]
-        await self._enqueue(PendingBatch(info.log_end_offset, leader_acks, all_acks,
-                                         all_targets=all_targets))
+                if guard_pass is not None:
+                    guard_pass.commit()
+        if info is not None or batch.duplicates:
+            await self._enqueue_appended(batch, info)
+        if batch.errors:
+            await self._publish_errors(batch.errors)
+
+    async def _enqueue_appended(self, batch: IngestBatch, info: AppendInfo | None) -> None:
+        if info is not None:
+            self.metrics.appended_records += len(batch.records)
+            self.metrics.appended_bytes += info.size_bytes
+            self._on_append()
+        else:
+            batch.targets = []
+        leader_acks, all_acks, all_targets = encode_acks(
+            self._acks, info.base_offset if info is not None else 0, batch)
+        end = info.log_end_offset if info is not None else self.log.log_end_offset
+        await self._enqueue(PendingBatch(end, leader_acks, all_acks, all_targets=all_targets))
 
     def _refuse_all(self) -> bool:
         """True while an `all` publish must be refused: the ISR is below min_isr, counting a
@@ -393,27 +389,6 @@ class PartitionLeader:
         if self._sessions is not None:
             self._sessions.changed((self.stream.name, self.state.partition))
 
-    def _encode_acks(
-        self, base: int, records: list[Record],
-        targets: list[tuple[int, str, str | None, AckPolicy, bool]],
-    ) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
-        """The ack messages of an appended batch, by the stage that releases them."""
-        out: dict[AckPolicy, list[tuple[str, bytes]]] = {AckPolicy.LEADER: [],
-                                                         AckPolicy.ALL: []}
-        grouped: dict[tuple[str, AckPolicy], list[tuple[int, str | None]]] = {}
-        encode = self._acks.encode
-        for i, inbox, corr, policy, batch_ack in targets:
-            if batch_ack:
-                grouped.setdefault((inbox, policy), []).append((base + i, corr))
-            else:
-                out[policy].append((inbox, encode(base + i, records[i].subject, corr, policy)))
-        step = ack_codec.ACK_ENTRIES_MAX
-        for (inbox, policy), entries in grouped.items():
-            for j in range(0, len(entries), step):
-                out[policy].append((inbox, ack_codec.encode_batch_ack(
-                    self.stream.name, self.state.partition, policy, entries[j:j + step])))
-        return out[AckPolicy.LEADER], out[AckPolicy.ALL]
-
     async def _enqueue(self, batch: PendingBatch) -> None:
         self._unsynced.append(batch)
         if self._always:
@@ -424,22 +399,39 @@ class PartitionLeader:
     async def append_direct(self, records: list[Record], policy: AckPolicy) -> tuple[int, int]:
         """Append records that did not come through NATS (HTTP API); returns (first offset,
         next offset) once they are durable (`leader`) or committed (`all`)."""
+        first, end, _duplicate = await self.append_expecting(records, policy, None)
+        return first, end
+
+    async def append_expecting(self, records: list[Record], policy: AckPolicy,
+                               expect: Expectations | None) -> tuple[int, int, bool]:
+        """`append_direct` of one publish with expectations, all or nothing: (first offset,
+        next offset, False), or (original first offset, the same + len(records), True) for a
+        retry stored before. Raises the guard's refusal (OFFSET_MISMATCH, ...)."""
         for record in records:
             size = 0 if record.value is None else len(record.value)
             if size > self.stream.max_message_bytes:
                 raise RecordTooLarge(size, self.stream.max_message_bytes)
         if policy is _ALL and self._refuse_all():
             raise self._not_enough_replicas()
-        if self._stopping:
-            raise NotLeader(self.stream.name, self.state.partition)
+        if self._stopping or (expect is not None and self.guarded.guard is None):
+            raise NotLeader(self.stream.name, self.state.partition)  # not (yet) leading
         await self._wait_for_room()
         if self._disk is not None:
             self._disk.check(len(records))
-        info = self.log.append(records, self.state.leader_epoch, sync=False)
-        self._on_append()
-        self.metrics.appended_records += len(records)
-        self.metrics.appended_bytes += info.size_bytes
-        batch = PendingBatch(info.log_end_offset, [], [])
+        judged = judge_direct(self.guarded, self.log, records, expect)
+        if isinstance(judged, int):  # a retry: answered once what it follows is
+            first, end, duplicate = judged, judged + len(records), True
+            batch = PendingBatch(self.log.log_end_offset, [], [])
+        else:
+            records, guard_pass = judged
+            info = self.log.append(records, self.state.leader_epoch, sync=False)
+            if guard_pass is not None:
+                guard_pass.commit()
+            self._on_append()
+            self.metrics.appended_records += len(records)
+            self.metrics.appended_bytes += info.size_bytes
+            first, end, duplicate = info.base_offset, info.log_end_offset, False
+            batch = PendingBatch(info.log_end_offset, [], [])
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if policy is not AckPolicy.NONE:
             batch.waiters.append(done)
@@ -447,7 +439,7 @@ class PartitionLeader:
             done.set_result(None)
         await self._enqueue(batch)
         await done
-        return info.base_offset, info.log_end_offset
+        return first, end, duplicate
 
     # -- durability, commit and acks ---------------------------------------------------------------
 
@@ -495,7 +487,10 @@ class PartitionLeader:
                 task.add_done_callback(_log_task_failure)
                 self._proposals.add(task)
                 task.add_done_callback(self._proposals.discard)
-        if hw > self.high_watermark or acks:
+        # A batch that appended nothing (retries answered as duplicates) is committed as
+        # soon as it is queued: the HW need not move for it.
+        if hw > self.high_watermark or acks or (
+                self._uncommitted and self._uncommitted[0].next_offset <= hw):
             await self._advance_high_watermark(hw, acks if acks is not None else [])
 
     async def _propose_isr(self, decision: ProposeIsr) -> None:
@@ -677,9 +672,3 @@ class PartitionLeader:
 def _log_task_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("replication task failed", exc_info=task.exception())
-
-
-def _nats_headers(headers: dict[str, str] | None) -> dict[str, bytes]:
-    if not headers:
-        return {}
-    return {k: v.encode() for k, v in headers.items()}

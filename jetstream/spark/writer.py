@@ -6,18 +6,28 @@ batches (up to `window` messages awaiting acks), acked under the stream's ack po
 (map<string, binary or string>), `partition` (int; else the key's hash, or round-robin for rows
 without a key) and `subject` (string; else the stream's subject). Delivery is at least once:
 a task that fails after some acks, or a retried task, or a speculative copy of a task,
-publishes rows again, and nothing removes the copies (until idempotent publishing exists).
+publishes rows again, and nothing removes the copies (but see `idempotent` below).
 A failure names the stream and the partition (SparkWriteFailed); Spark retries the task.
 The driver's commit has nothing to do: rows are stored when their task's acks arrive.
+
+With option `idempotent=true` each task attempt publishes through an idempotent producer
+session (jetstream.client.idempotent): producer id `spark-<write>-<task partition>`, epoch
+the attempt number. Publishes retried inside an attempt (timeouts, leader changes) are
+stored once, and a new attempt of the task fences the old one (a zombie speculative copy
+stops with PRODUCER_FENCED): exactly once per task attempt. A retried task still publishes
+its rows again under its new epoch.
 """
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -26,8 +36,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from jetstream.client.client import connect
+from jetstream.client.idempotent import IdempotentProducer
 from jetstream.client.types import PublishMessage
 from jetstream.errors import JetstreamError, SparkWriteFailed, UnwritableSchema
+from jetstream.protocol.ack import Ack
 from jetstream.protocol.names import is_subject
 from jetstream.spark.cluster_view import run_sync
 from jetstream.spark.options import WriteOptions
@@ -93,16 +105,22 @@ def _messages(batch: pa.RecordBatch, subject: str | None) -> list[PublishMessage
     return out
 
 
-async def _publish(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> Written:
+async def _publish(options: WriteOptions, batches: Iterator[pa.RecordBatch],
+                   session: tuple[str, int] | None = None) -> Written:
+    """Publish a task's rows; `session`: (producer id, epoch) of an idempotent session."""
     counts: dict[int, int] = {}
     async with connect(options.brokers, **options.tls.connect_options()) as client:
         info = await client.stream_info(options.stream)
         subject = info.subject if is_subject(info.subject, wildcards=False) else None
+        producer = client.idempotent_producer(*session) if session is not None else None
         for batch in batches:
             messages = _messages(batch, subject)
             try:
-                acks = await client.publish_batch(messages, window=options.window,
-                                                  timeout=options.ack_timeout_s)
+                if producer is None:
+                    acks = await client.publish_batch(messages, window=options.window,
+                                                      timeout=options.ack_timeout_s)
+                else:
+                    acks = await _publish_idempotent(producer, messages, options)
             except JetstreamError as exc:
                 partitions = {m.partition for m in messages}
                 raise SparkWriteFailed(options.stream, partitions.pop() if len(partitions) == 1
@@ -112,16 +130,38 @@ async def _publish(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> 
     return Written(counts)
 
 
+async def _publish_idempotent(producer: IdempotentProducer, messages: list[PublishMessage],
+                             options: WriteOptions) -> list[Ack]:
+    """Publish with at most `window` in flight; sequences follow the rows' order."""
+    room = asyncio.Semaphore(options.window)
+
+    async def one(message: PublishMessage) -> Ack:
+        async with room:
+            return await producer.publish(message.subject, message.value, key=message.key,
+                                          headers=message.headers,
+                                          partition=message.partition,
+                                          timeout=options.ack_timeout_s)
+
+    return list(await asyncio.gather(*(one(m) for m in messages)))
+
+
 class _Publishing:
     """A task's write (see the module docstring), shared by the batch and streaming writers."""
 
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
         check_schema(schema)
         self.options = options
+        #: Made on the driver, shared by every task of this write: names its sessions.
+        self.write_id = uuid.uuid4().hex[:16]
 
     # pyspark's Arrow writers narrow write()'s argument from Rows to RecordBatches.
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return run_sync(_publish(self.options, iterator))
+        session = None
+        if self.options.idempotent:
+            task = TaskContext.get()
+            partition, attempt = (task.partitionId(), task.attemptNumber()) if task else (0, 0)
+            session = (f"spark-{self.write_id}-{partition}", attempt)
+        return run_sync(_publish(self.options, iterator, session))
 
 
 class BatchWriter(_Publishing, DataSourceArrowWriter):  # type: ignore[misc]

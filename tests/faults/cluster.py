@@ -93,13 +93,16 @@ class FaultCluster:
     def __init__(self, work_dir: Path, *, partitions: int = 1,
                  fsync: FsyncPolicy = FsyncPolicy.ALWAYS, rate: int = 400,
                  seed: int = 0, compacted_keys: int = 0, group: str = "",
-                 disks: bool = False, idle_streams: int = 0, tls: bool = False) -> None:
+                 disks: bool = False, idle_streams: int = 0, tls: bool = False,
+                 retry_ids: bool = False) -> None:
         self.work_dir = work_dir
         #: Every link secured: mutual TLS on the brokers' listeners (replication through the
         #: relays included), NATS over TLS with client certificates, the Raft password.
         self.tls = ensure_leaves(work_dir / "pki", [
             ("broker", (HOST,)), ("nats", (HOST,)), ("client", ("client",))],
             ["raft-password"]) if tls else {}
+        #: The workload retries every unacked publish with its message id.
+        self.retry_ids = retry_ids
         #: Idle R3 streams beside the workload's (what many partitions cost must not break
         #: failover, ISR changes or recovery).
         self.idle_streams = idle_streams
@@ -197,6 +200,8 @@ class FaultCluster:
         if self.tls:
             argv += ["--tls-ca", self.tls["ca"], "--tls-cert", self.tls["client"],
                      "--tls-key", self.tls["client_key"]]
+        if self.retry_ids:
+            argv.append("--retry-ids")
         with open(self.work_dir / "workload.log", "ab") as out:
             self._workload = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL)

@@ -36,7 +36,8 @@ from tests.faults.groups import check_group
 def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
             partitions: int = 1, faults: list[str] | None = None, cycles: int | None = None,
             log: Any = None, compacted_keys: int = 0, group: str = "",
-            idle_streams: int = 0, tls: bool = False) -> dict[str, Any]:
+            idle_streams: int = 0, tls: bool = False, retry_ids: bool = False
+            ) -> dict[str, Any]:
     """Run the mix for `seconds` of load (or exactly `cycles` faults); the checker's report
     plus the run's figures. With `group`, the stream is read by a consumer group whose
     members run in the workload, and the group's checker (tests/faults/groups.py) adds its
@@ -44,14 +45,15 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
     a tmpfs of its own: without `faults`, they are in the mix only where one can be mounted
     (as root); named without that, the cluster does not start (TmpfsUnavailable).
     `idle_streams` idle R3 streams are created beside the workload's. `tls` secures every
-    link (mutual TLS, NATS over TLS, the Raft password)."""
+    link (mutual TLS, NATS over TLS, the Raft password). With `retry_ids` the workload
+    retries every unacked publish with its message id (no duplicates allowed)."""
     names = faults or default_faults()
     every = {**ALL, **GROUP_FAULTS}
     rng = random.Random(seed)
     cluster = FaultCluster(work_dir, partitions=partitions, fsync=fsync, seed=seed,
                            compacted_keys=compacted_keys, group=group,
                            disks=bool(DISK_FAULTS & set(names)), idle_streams=idle_streams,
-                           tls=tls)
+                           tls=tls, retry_ids=retry_ids)
     kills: list[tuple[str, float]] = []
     done: Counter[str] = Counter()
     stuck = ""
@@ -92,7 +94,7 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
         fsync=fsync.value, partitions=partitions, seconds=round(load_seconds, 1),
         acked_per_s=round(report.acked / load_seconds, 1) if load_seconds else 0.0,
         compacted_keys=compacted_keys, bit_flips=len(cluster.flips), idle_streams=idle_streams,
-        stuck=stuck)
+        stuck=stuck, retry_ids=retry_ids)
     return result
 
 
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default="", help=f"comma-separated subset of {sorted(ALL)}")
     parser.add_argument("--idle-streams", type=int, default=200,
                         help="idle R3 streams beside the workload's")
+    parser.add_argument("--retry-ids", action="store_true",
+                        help="the workload retries every unacked publish with its message id")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     parser.add_argument("--keep", help="work in this directory and keep it (logs, history)")
     args = parser.parse_args(argv)
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_mix(work_dir, seconds=args.minutes * 60, seed=seed,
                          fsync=FsyncPolicy(args.fsync), partitions=args.partitions,
                          faults=faults or None, log=sys.stderr,
-                         idle_streams=args.idle_streams)
+                         idle_streams=args.idle_streams, retry_ids=args.retry_ids)
     finally:
         if not args.keep:
             shutil.rmtree(work_dir, ignore_errors=True)

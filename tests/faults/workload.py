@@ -16,6 +16,11 @@ History (JSON lines, wall-clock seconds, one line per event, flushed as written)
 A value is written once and never retried, so any value found twice in a log is a duplicate
 made by the cluster, and any value found but never invoked is a phantom.
 
+With `--retry-ids` every publish carries its value as its message id and is sent again (same
+id) after each failure until it is acked, as a NATS client retrying on timeouts does: a
+value found twice is then a duplicate the dedupe window let through. A publish still unacked
+RETRY_DEADLINE_S after the workload was told to stop is recorded as failed.
+
 With `--group G --members N` the stream is read by N members of consumer group G instead
 (each with a client of its own, committing every COMMIT_S), and an observer reads the group's
 committed offsets every OBSERVE_S:
@@ -56,6 +61,7 @@ COMMIT_S = 0.2
 OBSERVE_S = 0.2
 GROUP_DRAIN_S = 40.0
 GROUP_SESSION_MS = 6000
+RETRY_DEADLINE_S = 30.0
 
 
 class History:
@@ -99,15 +105,20 @@ async def publish(js: jetstream.Client, value: str, args: argparse.Namespace,
     else:
         key, payload, headers = value, value.encode(), None
         history.write("i", value)
-    try:
-        ack = await js.publish(args.subject, payload, key=key.encode(), headers=headers,
-                               ack_policy="all", timeout=PUBLISH_TIMEOUT_S)
-    except JetstreamError as exc:
-        history.write("f", value, c=exc.code)
-        return
-    except (TimeoutError, OSError) as exc:
-        history.write("f", value, c=type(exc).__name__)
-        return
+    deadline = time.monotonic() + RETRY_DEADLINE_S
+    while True:
+        try:
+            ack = await js.publish(args.subject, payload, key=key.encode(), headers=headers,
+                                   ack_policy="all", timeout=PUBLISH_TIMEOUT_S,
+                                   msg_id=value if args.retry_ids else None)
+            break
+        except (JetstreamError, TimeoutError, OSError) as exc:
+            if not args.retry_ids or (args.stopping.is_set() and time.monotonic() > deadline):
+                history.write("f", value, c=getattr(exc, "code", type(exc).__name__))
+                return
+            if not args.stopping.is_set():
+                deadline = time.monotonic() + RETRY_DEADLINE_S
+            await asyncio.sleep(RETRY_S)
     assert ack is not None
     history.write("a", value, p=ack.partition, o=ack.offset)
     if acked is not None:
@@ -230,7 +241,7 @@ def tls(args: argparse.Namespace) -> TlsArguments:
 
 
 async def main(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
+    stop = args.stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
@@ -285,6 +296,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tls-ca", help="TLS: the brokers' CA (its client also to NATS)")
     parser.add_argument("--tls-cert", help="TLS: this client's certificate")
     parser.add_argument("--tls-key", help="TLS: this client's key")
+    parser.add_argument("--retry-ids", action="store_true",
+                        help="retry every unacked publish with its value as message id")
     return parser.parse_args(argv)
 
 

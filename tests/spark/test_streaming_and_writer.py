@@ -102,3 +102,19 @@ async def test_a_streaming_query_writes_to_a_stream(
     written = await stored(js, sink, 1)
     originals = await stored(js, source, 2)
     assert sorted(r[6] for r in written) == sorted(r[6] + b"!" for r in originals)
+
+
+async def test_an_idempotent_write_stamps_each_row_once(
+        spark: SparkSession, shared_broker: BrokerProcess, js: Client, stream_name: str) -> None:
+    await js.create_stream(stream_name, f"{stream_name}.in", partitions=2)
+    df = spark.createDataFrame([(f"v{i}".encode(), i % 2) for i in range(200)],
+                               "value binary, partition int").repartition(3)
+    (df.write.format("jetstream").option("brokers", shared_broker.address)
+     .option("stream", stream_name).option("idempotent", "true").mode("append").save())
+    records = await stored(js, stream_name, 2)
+    assert sorted(r[6] for r in records) == sorted(f"v{i}".encode() for i in range(200))
+    stamps = [r[7]["Jetstream-Producer"] for r in records]
+    # (epoch, sequence, producer) once per row of each stream partition
+    assert len({(r[1], r[7]["Jetstream-Producer"]) for r in records}) == 200
+    assert {s.split(b":", 2)[2].rsplit(b"-", 1)[0] for s in stamps} == {
+        stamps[0].split(b":", 2)[2].rsplit(b"-", 1)[0]}  # one write, one session per task

@@ -15,6 +15,10 @@ from jetstream.compaction import checkpoint as cleaner_checkpoint
 from jetstream.compaction.cleaner import OffsetMapTooSmall, clean, read_batches
 from jetstream.compaction.planner import CleaningPlan, CompactionConfig
 from jetstream.errors import CorruptRecord, SegmentsChanged
+from jetstream.idempotence.dedupe import GuardLimits
+from jetstream.idempotence.headers import MSG_ID, REGISTERS, encode_registers
+from jetstream.idempotence.replay import rebuild
+from jetstream.raft_meta.model import StreamConfig
 from jetstream.stream import format as fmt
 from jetstream.stream.cleaning import StepHook
 from jetstream.stream.config import FsyncPolicy, LogConfig
@@ -275,4 +279,36 @@ def test_corrupt_batches_are_refused_not_cleaned(tmp_path: Path) -> None:
         list(read_batches(segment.log_path))
     with pytest.raises(CorruptRecord):
         run_pass(log, T0)
+    log.close()
+
+
+def test_a_register_change_survives_compaction(tmp_path: Path) -> None:
+    log = open_log(tmp_path, Clock(T0))
+    registers = {REGISTERS: encode_registers({"owner": "a"})}
+    log.append([fmt.Record(b"v0", b"k", registers)], 0)
+    append(log, [(b"k", b"v%d" % i) for i in range(1, 400)], per_batch=10)
+    run_pass(log, T0)
+    records = everything(log)
+    assert next(r.offset for r in records if r.key == b"k") == 0  # superseded, yet kept
+    assert rebuild(log, GuardLimits(), T0, track_keys=False).registers == {"owner": "a"}
+    assert live(latest(records)) == {b"k": b"v399"}
+    log.close()
+
+
+def test_records_with_ids_inside_the_duplicate_window_are_not_compacted(
+        tmp_path: Path) -> None:
+    clock = Clock(T0)
+    log = open_log(tmp_path, clock)
+    log.append([fmt.Record(b"old", b"k", {MSG_ID: b"old-id"})], 0)
+    clock.now += 60_000
+    log.append([fmt.Record(b"new", b"k", {MSG_ID: b"new-id"})], 0)
+    append(log, [(b"k", b"v%d" % i) for i in range(400)], per_batch=10)
+    config = CompactionConfig(segment_bytes_max=4096, duplicate_window_ms=30_000)
+    clean(log, whole_plan(log), config, 1 << 20, now_ms=clock.now + 1)
+    kept = [r.value for r in everything(log) if MSG_ID in r.headers]
+    assert kept == [b"new"]  # the old id left the window: compacted as any record
+    assert rebuild(log, GuardLimits(duplicate_window_ms=30_000), clock.now + 1,
+                   track_keys=False).ids.offset_of("new-id") == 1
+    assert StreamConfig("s", "s", duplicate_window_ms=5000).compaction_config() \
+        .duplicate_window_ms == 5000
     log.close()

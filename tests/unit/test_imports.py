@@ -44,6 +44,12 @@ FORBIDDEN: dict[str, frozenset[str]] = {
         "jetstream.cli", "jetstream.cli_client", "asyncio", "nats", "pysyncobj", "fastapi",
         "uvicorn", "lmdb",
     }),
+    # The guard is pure; its replay reads a Log (jetstream.stream) and nothing else.
+    "jetstream.idempotence": frozenset({
+        "jetstream.server", "jetstream.client", "jetstream.raft_meta", "jetstream.isr",
+        "jetstream.compaction", "jetstream.cli", "jetstream.cli_client", "asyncio", "nats",
+        "pysyncobj", "fastapi", "uvicorn", "lmdb", "time",
+    }),
     "jetstream.server": frozenset({"jetstream.cli", "jetstream.cli_client"}),
     # The scheduler's heap of due times: no IO, no clock (its shell is server.scheduler).
     "jetstream.server.schedule": frozenset({

@@ -433,7 +433,7 @@ def test_decode_response_raises_the_error_frame() -> None:
 # -- errors ------------------------------------------------------------------------------------
 
 SAMPLES: dict[Any, Any] = {str: "sample", int: 7, int | None: 7, bool: True,
-                           list[str]: ["a", "b"]}
+                           list[str]: ["a", "b"], dict[str, str]: {"owner": "a"}}
 
 
 def sample_error(cls: type[JetstreamError]) -> JetstreamError:

@@ -1,0 +1,165 @@
+"""What a partition leader remembers to answer retried publishes (pure: no IO, no clock).
+
+Theory of operation
+- Message ids (NATS JetStream's `Nats-Msg-Id`): `IdWindow` maps each id stored within the
+  last `duplicate_window_ms` to the offset it was stored at. Ids are kept in append order, so
+  the oldest is always first: it expires first, by age (its record's timestamp is older than
+  the window) or by count (`ids_max`), whichever comes first.
+- Idempotent producers (Kafka's producer id, epoch and sequence): `ProducerTable` keeps, per
+  producer id, its epoch, the last sequence stored and the offsets of its last
+  `sequences_max` sequences. A sequence at or below the last is a retry: answered with its
+  offset when it is still remembered. One above the last + 1 is a gap. A higher epoch
+  replaces the producer's state (the first sequence of an epoch is taken as it comes); a
+  lower one is fenced. Producers idle longer than the window expire, and the least recently
+  active goes first past `producers_max`.
+
+Both are fed in log order, by the leader's appends and by the replay of a log tail when a
+broker becomes leader; both take the timestamps of the records, so a replay and the live
+path agree on what has expired.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GuardLimits:
+    """How much a partition leader remembers for expectations and retries (units last)."""
+
+    #: How long a message id is remembered after its record's timestamp.
+    duplicate_window_ms: int = 120_000
+    #: Most message ids remembered per partition; past it the oldest expire early.
+    ids_max: int = 1_000_000
+    #: Most idempotent producers remembered per partition; past it the least recently
+    #: active expire early.
+    producers_max: int = 10_000
+    #: Sequences (with their offsets) remembered per producer to answer retries.
+    sequences_max: int = 1_000
+    #: Most keys whose last offset the leader tracks for key expectations.
+    keys_max: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("duplicate_window_ms", "ids_max", "producers_max", "sequences_max",
+                     "keys_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+class IdWindow:
+    """Message id -> (offset, timestamp) of every id stored within the window, oldest first."""
+
+    def __init__(self, limits: GuardLimits) -> None:
+        self.limits = limits
+        self._ids: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def offset_of(self, msg_id: str) -> int | None:
+        found = self._ids.get(msg_id)
+        return None if found is None else found[0]
+
+    def add(self, msg_id: str, offset: int, timestamp_ms: int) -> None:
+        """Remember `msg_id` stored at `offset` (offsets only grow)."""
+        if msg_id in self._ids:  # stored twice: only possible past the window; keep the newest
+            del self._ids[msg_id]
+        self._ids[msg_id] = (offset, timestamp_ms)
+        while len(self._ids) > self.limits.ids_max:
+            self._ids.popitem(last=False)
+
+    def expire(self, now_ms: int) -> None:
+        """Forget ids whose records are older than the window."""
+        oldest = now_ms - self.limits.duplicate_window_ms
+        ids = self._ids
+        while ids:
+            _first, (_offset, timestamp) = next(iter(ids.items()))
+            if timestamp >= oldest:
+                return
+            ids.popitem(last=False)
+
+
+@dataclass(slots=True)
+class ProducerState:
+    epoch: int
+    last_sequence: int
+    last_timestamp_ms: int
+    #: sequence -> offset of the last `sequences_max` sequences stored, oldest first.
+    offsets: collections.OrderedDict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceCheck:
+    """What the table says of a (producer, epoch, sequence): `verdict` is "new" (store it),
+    "duplicate" (stored at `offset`, -1 when no longer remembered), "gap" (expected
+    `expected` next), or "fenced" (the producer is at epoch `expected`)."""
+
+    verdict: str
+    offset: int = -1
+    expected: int = -1
+
+
+class ProducerTable:
+    def __init__(self, limits: GuardLimits) -> None:
+        self.limits = limits
+        self._producers: collections.OrderedDict[str, ProducerState] = (
+            collections.OrderedDict())
+
+    def __len__(self) -> int:
+        return len(self._producers)
+
+    def get(self, producer_id: str) -> ProducerState | None:
+        return self._producers.get(producer_id)
+
+    def check(self, producer_id: str, epoch: int, sequence: int,
+              last: tuple[int, int] | None = None) -> SequenceCheck:
+        """Judge a publish against the table, or against `last` (epoch, last sequence) when
+        an append in flight before it changed the producer."""
+        state = self._producers.get(producer_id)
+        if last is None:
+            if state is None:
+                return SequenceCheck("new")
+            last = (state.epoch, state.last_sequence)
+        current_epoch, last_sequence = last
+        if epoch < current_epoch:
+            return SequenceCheck("fenced", expected=current_epoch)
+        if epoch > current_epoch:
+            return SequenceCheck("new")
+        if sequence == last_sequence + 1:
+            return SequenceCheck("new")
+        if sequence > last_sequence:
+            return SequenceCheck("gap", expected=last_sequence + 1)
+        offset = -1
+        if state is not None and state.epoch == epoch:
+            offset = state.offsets.get(sequence, -1)
+        return SequenceCheck("duplicate", offset=offset)
+
+    def add(self, producer_id: str, epoch: int, sequence: int, offset: int,
+            timestamp_ms: int) -> None:
+        """Record that the producer's `sequence` was stored at `offset`."""
+        state = self._producers.pop(producer_id, None)
+        if state is None or epoch > state.epoch:
+            state = ProducerState(epoch, sequence, timestamp_ms, collections.OrderedDict())
+        elif epoch < state.epoch:  # an older epoch in a replayed log: already fenced
+            self._producers[producer_id] = state
+            return
+        state.last_sequence = max(state.last_sequence, sequence)
+        state.last_timestamp_ms = max(state.last_timestamp_ms, timestamp_ms)
+        state.offsets[sequence] = offset
+        while len(state.offsets) > self.limits.sequences_max:
+            state.offsets.popitem(last=False)
+        self._producers[producer_id] = state  # most recently active last
+        while len(self._producers) > self.limits.producers_max:
+            self._producers.popitem(last=False)
+
+    def expire(self, now_ms: int) -> None:
+        """Forget producers idle for longer than the window."""
+        oldest = now_ms - self.limits.duplicate_window_ms
+        producers = self._producers
+        while producers:
+            state = next(iter(producers.values()))
+            if state.last_timestamp_ms >= oldest:
+                return
+            producers.popitem(last=False)

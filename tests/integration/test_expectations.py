@@ -1,0 +1,163 @@
+"""Expectations and idempotent publishing against a real broker and nats-server: message ids
+from the client, from plain NATS headers and over HTTP; expected offsets; raced check-and-set
+writers on one key; registers, also after a restart.
+
+Waits are conditions with deadlines; nothing sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import nats
+import pytest
+
+from jetstream.client import Client
+from jetstream.errors import (
+    KeyOffsetMismatch,
+    OffsetMismatch,
+    OutOfOrderSequence,
+    ProducerFenced,
+    ProtocolError,
+    RegisterMismatch,
+)
+from jetstream.protocol.ack import ErrorAck, parse_ack
+from jetstream.server.process import BrokerProcess
+
+DEADLINE_S = 10.0
+
+
+async def stored(js: Client, stream: str, partition: int = 0) -> list[bytes | None]:
+    async def collect() -> list[bytes | None]:
+        return [msg.value async for msg in js.subscribe(stream, partition, stop="latest")]
+
+    return await asyncio.wait_for(collect(), DEADLINE_S)
+
+
+async def test_a_retried_msg_id_is_acked_with_the_original_offset(js: Client) -> None:
+    await js.create_stream("orders", "orders.in")
+    await js.publish("orders.in", b"first")
+    ack = await js.publish("orders.in", b"pay", msg_id="order-17")
+    again = await js.publish("orders.in", b"pay", msg_id="order-17")
+    other = await js.publish("orders.in", b"ship", msg_id="order-18")
+    assert ack is not None and again is not None and other is not None
+    assert (ack.offset, ack.duplicate) == (1, False)
+    assert (again.offset, again.duplicate) == (1, True)
+    assert other.offset == 2
+    assert await stored(js, "orders") == [b"first", b"pay", b"ship"]
+
+
+async def test_plain_nats_publishers_use_headers(js: Client, nats_url: str) -> None:
+    await js.create_stream("plain", "plain.in")
+    nc = await nats.connect(nats_url)
+    try:
+        async def request(value: bytes, headers: dict[str, str]) -> dict[str, object]:
+            reply = await nc.request("plain.in", value, timeout=DEADLINE_S, headers=headers)
+            answer: dict[str, object] = json.loads(reply.data)
+            return answer
+
+        first = await request(b"a", {"Nats-Msg-Id": "m1"})
+        retry = await request(b"a", {"Nats-Msg-Id": "m1"})
+        assert (first["offset"], "duplicate" in first) == (0, False)
+        assert (retry["offset"], retry["duplicate"]) == (0, True)
+        # JetStream's spelling: its last sequence N is our log end offset N.
+        assert (await request(b"b", {"Nats-Expected-Last-Sequence": "1"}))["offset"] == 1
+        reply = await nc.request("plain.in", b"c", timeout=DEADLINE_S,
+                                 headers={"Jetstream-Expected-Offset": "1"})
+        refused = parse_ack(reply.data)
+        assert isinstance(refused, ErrorAck) and isinstance(refused.error, OffsetMismatch)
+        assert refused.error.log_end_offset == 2
+        reply = await nc.request("plain.in", b"d", timeout=DEADLINE_S,
+                                 headers={"Jetstream-Registers": "{}"})
+        forged = parse_ack(reply.data)
+        assert isinstance(forged, ErrorAck) and isinstance(forged.error, ProtocolError)
+    finally:
+        await nc.close()
+    assert await stored(js, "plain") == [b"a", b"b"]
+
+
+async def test_expected_offset_from_the_client(js: Client) -> None:
+    await js.create_stream("single", "single.in")
+    assert (await js.publish("single.in", b"0", expected_offset=0)) is not None
+    with pytest.raises(OffsetMismatch) as refused:
+        await js.publish("single.in", b"x", expected_offset=0)
+    assert refused.value.log_end_offset == 1
+    assert await stored(js, "single") == [b"0"]
+
+
+async def test_raced_cas_writers_on_one_key_one_wins_per_round(js: Client) -> None:
+    await js.create_stream("kv", "kv.in", cleanup_policy="compact")
+    async def write(value: bytes, expected: int) -> int | None:
+        try:
+            ack = await js.publish("kv.in", value, key=b"k",
+                                   expected_last_offset_for_key=expected)
+        except KeyOffsetMismatch:
+            return None
+        assert ack is not None
+        return ack.offset
+
+    last = -1  # the key has no record yet
+    for round_number in range(8):
+        offsets = await asyncio.gather(*(write(b"%d-%d" % (round_number, w), last)
+                                         for w in range(4)))
+        winners = [o for o in offsets if o is not None]
+        assert len(winners) == 1, offsets
+        last = winners[0]
+    assert len(await stored(js, "kv")) == 8
+
+
+async def test_registers_check_and_survive_a_restart(broker: BrokerProcess,
+                                                     js: Client) -> None:
+    await js.create_stream("jobs", "jobs.in")
+    await js.publish("jobs.in", b"take", check_registers="!owner",
+                     union_registers={"owner": "a"})
+    with pytest.raises(RegisterMismatch) as lost:
+        await js.publish("jobs.in", b"take", check_registers="!owner",
+                         union_registers={"owner": "b"})
+    assert lost.value.registers == {"owner": "a"}
+    await js.publish("jobs.in", b"done", msg_id="done-1", check_registers="owner=a",
+                     subtract_registers={"owner": "a"}, union_registers={"state": "done"})
+    broker.restart()
+    async with httpx.AsyncClient(base_url=broker.http_url) as http:
+        async def registers() -> object:
+            answer = await http.get("/streams/jobs/partitions/0/registers")
+            return answer.json().get("registers") if answer.status_code == 200 else None
+
+        deadline = asyncio.get_running_loop().time() + DEADLINE_S
+        while (found := await registers()) != {"state": "done"}:
+            assert asyncio.get_running_loop().time() < deadline, found
+            await asyncio.sleep(0.05)
+        # The id window came back from the log too: over HTTP, the retry is a duplicate.
+        answer = await http.post("/streams/jobs/partitions/0/messages",
+                                 json={"messages": [{"value": "done"}]},
+                                 headers={"Nats-Msg-Id": "done-1"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["duplicate"] is True and answer.json()["offsets"] == [1]
+        answer = await http.post("/streams/jobs/partitions/0/messages",
+                                 json={"messages": [{"value": "eA=="}], "expected_offset": 0})
+        assert answer.status_code == 412, answer.text
+        assert answer.json()["error"]["code"] == "OFFSET_MISMATCH"
+
+
+async def test_idempotent_producer_sequences_and_fencing(js: Client) -> None:
+    await js.create_stream("tasks", "tasks.in", partitions=2)
+    old = js.idempotent_producer("task-7", epoch=0)
+    acks = await asyncio.gather(*(old.publish("tasks.in", b"%d" % i, partition=i % 2)
+                                  for i in range(20)))
+    assert sorted(a.offset for a in acks if a.partition == 0) == list(range(10))
+    # A retry of a stored sequence (the envelope sent again) is not stored again.
+    retry = await js.publish_to("tasks.in.1", b"1", None, None, None, 5.0,
+                                producer=("task-7", 0, 0))
+    assert retry is not None and (retry.offset, retry.duplicate) == (0, True)
+    with pytest.raises(OutOfOrderSequence) as gap:
+        await js.publish_to("tasks.in", b"x", None, None, None, 5.0,
+                            producer=("task-7", 0, 12))
+    assert gap.value.expected_sequence == 10
+    new = js.idempotent_producer("task-7", epoch=1)
+    await new.publish("tasks.in", b"new", partition=0)
+    with pytest.raises(ProducerFenced):
+        await old.publish("tasks.in", b"zombie", partition=0)
+    values = await stored(js, "tasks", 0)
+    assert values == [b"%d" % i for i in range(0, 20, 2)] + [b"new"]

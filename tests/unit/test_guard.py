@@ -1,0 +1,376 @@
+"""The expectations and dedupe guard of a partition (jetstream.idempotence): table tests of each
+rule, and a property test of raced publishes with retried ids against a model log."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jetstream.errors import (
+    DuplicateSequence,
+    KeyNotTracked,
+    KeyOffsetMismatch,
+    OffsetMismatch,
+    OutOfOrderSequence,
+    ProducerFenced,
+    ProtocolError,
+    RegisterMismatch,
+)
+from jetstream.idempotence import headers as h
+from jetstream.idempotence.dedupe import GuardLimits
+from jetstream.idempotence.guard import (
+    KEY_ABSENT,
+    Admitted,
+    Duplicate,
+    Expectations,
+    Guard,
+    ProducerSequence,
+    Refused,
+    Verdict,
+)
+from jetstream.idempotence.replay import rebuild
+from jetstream.protocol.names import parse_selector
+from jetstream.stream import format as fmt
+from jetstream.stream.log import Log
+from tests.unit.log_helpers import T0, Clock, make, value
+
+
+@dataclass
+class Stored:
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+
+
+class Partition:
+    """A guard and the model log it guards: what a leader's append path does."""
+
+    def __init__(self, limits: GuardLimits | None = None, track_keys: bool = True) -> None:
+        self.guard = Guard(limits or GuardLimits(), track_keys=track_keys)
+        self.log: list[Stored] = []
+        self.now = T0
+
+    def publish(self, expect: Expectations, keys: list[bytes | None] | None = None,
+                fail: bool = False) -> Verdict:
+        return self.append([(expect, keys or [None])], fail)[0]
+
+    def append(self, publishes: list[tuple[Expectations, list[bytes | None]]],
+               fail: bool = False) -> list[Verdict]:
+        """One append of several publishes; `fail`: the log refuses it (nothing changes)."""
+        p = self.guard.begin(len(self.log), 0, self.now)
+        verdicts = []
+        records: list[Stored] = []
+        for expect, keys in publishes:
+            verdict = p.admit(expect, keys)
+            verdicts.append(verdict)
+            if isinstance(verdict, Admitted):
+                assert verdict.offset == len(self.log) + len(records)
+                for i, key in enumerate(keys):
+                    headers = {**(verdict.first_headers if i == 0 else {}),
+                               **(verdict.last_headers if i == len(keys) - 1 else {})}
+                    records.append(Stored(verdict.offset + i, self.now, key, headers))
+        if not fail:
+            self.log.extend(records)
+            p.commit()
+        return verdicts
+
+    def replayed(self) -> Guard:
+        guard = Guard(self.guard.limits, track_keys=self.guard.track_keys)
+        for r in self.log:
+            guard.replay(r.offset, r.timestamp_ms, r.key, r.headers)
+        return guard
+
+
+def test_expected_offset_holds_once() -> None:
+    part = Partition()
+    assert isinstance(part.publish(Expectations(expected_offset=0)), Admitted)
+    verdict = part.publish(Expectations(expected_offset=0))
+    assert isinstance(verdict, Refused) and isinstance(verdict.error, OffsetMismatch)
+    assert verdict.error.log_end_offset == 1
+    assert isinstance(part.publish(Expectations(expected_offset=1)), Admitted)
+
+
+def test_pending_publishes_of_one_append_count() -> None:
+    part = Partition()
+    first, second = part.append([(Expectations(expected_offset=0), [None, None]),
+                                 (Expectations(expected_offset=0), [None])])
+    assert isinstance(first, Admitted) and first.offset == 0
+    assert isinstance(second, Refused) and second.error.fields["log_end_offset"] == 2
+
+
+def test_failed_append_changes_nothing() -> None:
+    part = Partition()
+    part.append([(Expectations(msg_id="a", union_registers={"owner": "x"}), [b"k"])],
+                fail=True)
+    assert part.guard.registers == {} and len(part.guard.ids) == 0
+    assert isinstance(part.publish(Expectations(msg_id="a", expected_offset=0)), Admitted)
+
+
+def test_duplicate_answered_with_original_offset_even_when_expectation_moved() -> None:
+    part = Partition()
+    part.publish(Expectations())
+    assert part.publish(Expectations(msg_id="m", expected_offset=1)) == Admitted(
+        1, {h.MSG_ID: b"m"}, {h.MSG_ID: b"m"})
+    part.publish(Expectations())
+    assert part.publish(Expectations(msg_id="m", expected_offset=1)) == Duplicate(1)
+    assert len(part.log) == 3
+
+
+def test_id_window_expires_by_age_and_by_count() -> None:
+    part = Partition(GuardLimits(duplicate_window_ms=1000, ids_max=2))
+    part.publish(Expectations(msg_id="a"))
+    part.now += 1001
+    assert isinstance(part.publish(Expectations(msg_id="a")), Admitted)  # window passed
+    part.publish(Expectations(msg_id="b"))
+    part.publish(Expectations(msg_id="c"))  # pushes out the second "a", the oldest
+    assert isinstance(part.publish(Expectations(msg_id="a")), Admitted)
+    assert part.publish(Expectations(msg_id="c")) == Duplicate(3)
+
+
+def test_key_expectations() -> None:
+    part = Partition()
+    assert isinstance(part.publish(Expectations(expected_key_offset=KEY_ABSENT), [b"k"]),
+                      Admitted)
+    refused = part.publish(Expectations(expected_key_offset=KEY_ABSENT), [b"k"])
+    assert isinstance(refused, Refused) and isinstance(refused.error, KeyOffsetMismatch)
+    assert refused.error.fields == {"key": "k", "expected_offset": -1, "last_offset": 0}
+    assert isinstance(part.publish(Expectations(expected_key_offset=0), [b"k"]), Admitted)
+    assert isinstance(part.publish(Expectations(expected_key_offset=KEY_ABSENT), [b"j"]),
+                      Admitted)
+
+
+def test_keys_evicted_past_the_limit_are_not_tracked() -> None:
+    part = Partition(GuardLimits(keys_max=2))
+    for key in (b"a", b"b", b"c"):
+        part.publish(Expectations(), [key])
+    refused = part.publish(Expectations(expected_key_offset=KEY_ABSENT), [b"a"])
+    assert isinstance(refused, Refused) and isinstance(refused.error, KeyNotTracked)
+    assert isinstance(part.publish(Expectations(expected_key_offset=2), [b"c"]), Admitted)
+
+
+def test_registers_check_union_subtract() -> None:
+    part = Partition()
+    free = parse_selector("!owner")
+    won = part.publish(Expectations(check_registers=free, union_registers={"owner": "a"}))
+    assert isinstance(won, Admitted)
+    assert won.last_headers[h.REGISTERS] == b'{"owner":"a"}'
+    lost = part.publish(Expectations(check_registers=free, union_registers={"owner": "b"}))
+    assert isinstance(lost, Refused) and isinstance(lost.error, RegisterMismatch)
+    assert lost.error.fields["registers"] == {"owner": "a"}
+    part.publish(Expectations(subtract_registers={"owner": "b"}))  # not its value: kept
+    assert part.guard.registers == {"owner": "a"}
+    part.publish(Expectations(check_registers=parse_selector("owner=a"),
+                              subtract_registers={"owner": "a"}))
+    assert part.guard.registers == {}
+    assert part.replayed().registers == {}
+
+
+def test_register_count_is_bounded() -> None:
+    part = Partition()
+    verdict = part.publish(Expectations(union_registers={f"r{i}": "v" for i in range(65)}))
+    assert isinstance(verdict, Refused) and isinstance(verdict.error, ProtocolError)
+
+
+def test_producer_sequences() -> None:
+    part = Partition(GuardLimits(sequences_max=2))
+
+    def send(seq: int, epoch: int = 0) -> Verdict:
+        return part.publish(Expectations(producer=ProducerSequence("p", epoch, seq)))
+
+    assert isinstance(send(5), Admitted)  # an unknown producer starts where it starts
+    assert isinstance(send(6), Admitted)
+    assert send(6) == Duplicate(1)
+    gap = send(8)
+    assert isinstance(gap, Refused) and isinstance(gap.error, OutOfOrderSequence)
+    assert gap.error.fields["expected_sequence"] == 7
+    assert isinstance(send(7), Admitted)
+    assert isinstance(send(8), Admitted)
+    old = send(5)  # stored, but no longer remembered with its offset
+    assert isinstance(old, Refused) and isinstance(old.error, DuplicateSequence)
+    assert isinstance(send(0, epoch=1), Admitted)  # a new epoch fences the old one
+    fenced = send(9)
+    assert isinstance(fenced, Refused) and isinstance(fenced.error, ProducerFenced)
+    assert fenced.error.fields["current_epoch"] == 1
+    replayed = part.replayed()
+    state = replayed.producers.get("p")
+    assert state is not None and (state.epoch, state.last_sequence) == (1, 0)
+
+
+def test_producer_retries_within_one_append() -> None:
+    part = Partition()
+    stamp = ProducerSequence("p", 0, 0)
+    first, again = part.append([(Expectations(producer=stamp), [None]),
+                                (Expectations(producer=stamp), [None])])
+    assert isinstance(first, Admitted) and again == Duplicate(0)
+
+
+def test_untracked_keys_on_a_stream_without_key_tracking() -> None:
+    part = Partition(track_keys=False)
+    verdict = part.publish(Expectations(expected_key_offset=KEY_ABSENT), [b"k"])
+    assert isinstance(verdict, Refused) and isinstance(verdict.error, KeyNotTracked)
+
+
+def test_header_codec_round_trips_and_ignores_foreign_values() -> None:
+    stamp = h.encode_producer("app-1.x", 3, 2**40)
+    assert h.producer({h.PRODUCER: stamp}) == ("app-1.x", 3, 2**40)
+    assert h.producer({h.PRODUCER: b"garbage"}) is None
+    assert h.registers({h.REGISTERS: b"[1]"}) is None
+    assert h.registers({h.REGISTERS: h.encode_registers({"b": "2", "a": "1"})}) == {
+        "a": "1", "b": "2"}
+    assert h.msg_id({h.MSG_ID: b"\xff"}) is None
+    with pytest.raises(ProtocolError):
+        h.check_producer("bad id", 0, 0)
+    with pytest.raises(ProtocolError):
+        h.check_msg_id("")
+
+
+# -- the property: raced writers, retried ids ---------------------------------------------------
+
+KEYS = [b"k0", b"k1"]
+
+
+@st.composite
+def rounds(draw: st.DrawFn) -> list[list[tuple[str, int, int]]]:
+    """Rounds of raced publishes, each (kind, writer, msg id number): ids repeat (retries)."""
+    publish = st.tuples(st.sampled_from(["offset", "key", "register", "id"]),
+                        st.integers(0, 3), st.integers(0, 40))
+    return [draw(st.lists(publish, min_size=1, max_size=6))
+            for _ in range(draw(st.integers(1, 12)))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(rounds(), st.lists(st.booleans(), max_size=12), st.integers(0, 3))
+def test_raced_publishes_never_store_a_duplicate_nor_win_twice(
+        plan: list[list[tuple[str, int, int]]], failures: list[bool],
+        appends_per_round: int) -> None:
+    part = Partition(GuardLimits(duplicate_window_ms=10_000))
+    won: dict[tuple[str, object], int] = {}
+    answered: dict[str, int] = {}
+    for number, publishes in enumerate(plan):
+        # Every writer of the round read the partition before any of them published.
+        seen_end = len(part.log)
+        seen_keys = {k: part.guard.keys.get(k, KEY_ABSENT) for k in KEYS}
+        free = "lock" not in part.guard.registers
+        requests: list[tuple[Expectations, list[bytes | None], tuple[str, object] | None]] = []
+        for kind, writer, id_number in publishes:
+            msg_id = f"m{id_number}"
+            key = KEYS[writer % 2]
+            if kind == "offset":
+                expect = Expectations(msg_id=msg_id, expected_offset=seen_end)
+                claim: tuple[str, object] | None = ("offset", seen_end)
+            elif kind == "key":
+                expect = Expectations(msg_id=msg_id, expected_key_offset=seen_keys[key])
+                claim = ("key", (key, seen_keys[key]))
+            elif kind == "register" and free:
+                expect = Expectations(msg_id=msg_id, check_registers=parse_selector("!lock"),
+                                      union_registers={"lock": str(writer)})
+                claim = ("register", number)
+            else:
+                expect, claim = Expectations(msg_id=msg_id), None
+            requests.append((expect, [key], claim))
+        # Split the round into appends; some fail (the log refused: nothing stored).
+        size = max(1, appends_per_round or len(requests))
+        for start in range(0, len(requests), size):
+            chunk = requests[start:start + size]
+            fail = bool(failures) and failures[(number + start) % len(failures)]
+            verdicts = part.append([(e, k) for e, k, _c in chunk], fail=fail)
+            for (expect, _keys, claim), verdict in zip(chunk, verdicts, strict=True):
+                assert expect.msg_id is not None
+                if isinstance(verdict, Duplicate) and not fail:
+                    assert verdict.offset == answered[expect.msg_id]
+                if fail or not isinstance(verdict, Admitted):
+                    continue
+                answered[expect.msg_id] = verdict.offset
+                if claim is not None:
+                    assert claim not in won, f"{claim} satisfied twice"
+                    won[claim] = verdict.offset
+        if "lock" in part.guard.registers and number % 3 == 2:
+            part.publish(Expectations(
+                subtract_registers={"lock": part.guard.registers["lock"]}))
+        part.now += 1000
+    stored: dict[bytes, int] = {}
+    for r in part.log:
+        if h.MSG_ID in r.headers:
+            before = stored.get(r.headers[h.MSG_ID])
+            assert before is None or r.timestamp_ms - before > 10_000, \
+                "a message id was stored twice inside the window"
+            stored[r.headers[h.MSG_ID]] = r.timestamp_ms
+    # A new leader replaying the log decides exactly as this one would.
+    replayed = part.replayed()
+    assert replayed.registers == part.guard.registers
+    assert dict(replayed.keys) == dict(part.guard.keys)
+    for msg_id, offset in answered.items():
+        assert replayed.ids.offset_of(msg_id) == offset
+
+
+# -- rebuilding from a real log -------------------------------------------------------------------
+
+
+def _append_admitted(log: Log, guard: Guard, expect: Expectations, key: bytes | None,
+                     now: int) -> Verdict:
+    p = guard.begin(log.log_end_offset, log.log_start_offset, now)
+    verdict = p.admit(expect, [key])
+    if isinstance(verdict, Admitted):
+        info = log.append([fmt.Record(b"v", key, dict(verdict.first_headers))], 0)
+        assert info.base_offset == verdict.offset
+        p.commit()
+    return verdict
+
+
+def test_rebuild_reads_the_window_and_the_last_register_change(tmp_path: Path) -> None:
+    clock = Clock()
+    limits = GuardLimits(duplicate_window_ms=60_000)
+    log = make(tmp_path, clock, segment_bytes_max=4096)
+    guard = Guard(limits, track_keys=False)
+    _append_admitted(log, guard, Expectations(union_registers={"owner": "a"}), None, clock.now)
+    _append_admitted(log, guard, Expectations(msg_id="old"), None, clock.now)
+    clock.now += 120_000  # both now lie outside the window
+    for i in range(150):  # several segments of plain records later
+        log.append([fmt.Record(value(i))], 0)
+    assert len(log.segment_base_offsets) > 3
+    _append_admitted(log, guard, Expectations(msg_id="new",
+                                              producer=ProducerSequence("p", 2, 7)),
+                     None, clock.now)
+    rebuilt = rebuild(log, limits, clock.now, track_keys=False)
+    assert rebuilt.registers == {"owner": "a"}
+    assert rebuilt.ids.offset_of("new") == 152 and rebuilt.ids.offset_of("old") is None
+    state = rebuilt.producers.get("p")
+    assert state is not None and (state.epoch, state.last_sequence) == (2, 7)
+    log.close()
+
+
+def test_rebuild_of_a_compacted_stream_knows_every_key(tmp_path: Path) -> None:
+    clock = Clock()
+    log = make(tmp_path, clock, segment_bytes_max=4096)
+    guard = Guard(GuardLimits(), track_keys=True)
+    for i in range(30):
+        _append_admitted(log, guard, Expectations(), f"k{i % 7}".encode(), clock.now)
+        clock.now += 10_000
+    rebuilt = rebuild(log, GuardLimits(), clock.now, track_keys=True)
+    assert dict(rebuilt.keys) == dict(guard.keys)
+    p = rebuilt.begin(log.log_end_offset, log.log_start_offset, clock.now)
+    assert isinstance(p.admit(Expectations(expected_key_offset=KEY_ABSENT), [b"nope"]),
+                      Admitted)
+    log.close()
+
+
+def test_rebuild_of_a_log_without_headers_is_empty(segmented: Log) -> None:
+    rebuilt = rebuild(segmented, GuardLimits(), T0 + 100, track_keys=False)
+    assert rebuilt.registers == {} and len(rebuilt.ids) == 0 and len(rebuilt.producers) == 0
+
+
+def test_admit_id_is_admit_of_an_id_alone() -> None:
+    guard = Guard(GuardLimits(), track_keys=True)
+    p = guard.begin(5, 0, T0)
+    assert p.admit_id("a", b"k") == -1
+    assert p.admit_id("a", b"k") == 5  # staged in this pass
+    assert p.admit(Expectations(msg_id="a"), [b"k"]) == Duplicate(5)
+    p.commit()
+    assert guard.keys[b"k"] == 5
+    assert guard.begin(6, 0, T0).admit_id("a", None) == 5

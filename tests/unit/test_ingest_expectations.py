@@ -1,0 +1,103 @@
+"""What a publish asks, read from NATS headers, envelopes and HTTP (jetstream.server.guarded),
+and an ingest batch judged by the guard (jetstream.server.ingest_batch)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jetstream.errors import NotEnoughReplicas, OffsetMismatch, ProtocolError
+from jetstream.idempotence import headers as h
+from jetstream.idempotence.dedupe import GuardLimits
+from jetstream.idempotence.guard import Guard, ProducerSequence
+from jetstream.protocol.ack import AckEncoder
+from jetstream.protocol.envelope import decode_envelope, encode_envelope
+from jetstream.raft_meta.model import StreamConfig
+from jetstream.server.guarded import from_envelope, from_http, from_nats_headers
+from jetstream.server.ingest_batch import apply_verdicts, encode_acks, take_messages
+from jetstream.stream.format import Record
+
+T0 = 1_700_000_000_000
+STREAM = StreamConfig("s", "s.in")
+
+
+def test_nats_headers() -> None:
+    assert from_nats_headers({"Content-Type": "text/plain"}) is None
+    expect = from_nats_headers({
+        "Nats-Msg-Id": "m", "Nats-Expected-Last-Sequence": "5",
+        "Jetstream-Check-Registers": "owner=a", "Jetstream-Union-Registers": "x=1,y=2",
+        "Jetstream-Producer-Id": "p", "Jetstream-Producer-Epoch": "2",
+        "Jetstream-Producer-Sequence": "9"})
+    assert expect is not None
+    assert (expect.msg_id, expect.expected_offset) == ("m", 5)
+    assert expect.producer == ProducerSequence("p", 2, 9)
+    assert str(expect.check_registers) == "owner=a"
+    assert dict(expect.union_registers) == {"x": "1", "y": "2"}
+    for bad in ({"Jetstream-Expected-Offset": "x"}, {"Jetstream-Registers": "{}"},
+                {"Jetstream-Check-Registers": "a in"}, {"Jetstream-Union-Registers": "a"},
+                {"Jetstream-Expected-Offset": "1", "Nats-Expected-Last-Sequence": "2"}):
+        with pytest.raises(ProtocolError):
+            from_nats_headers(bad)
+
+
+def test_envelope_fields_round_trip_and_are_checked() -> None:
+    payload = encode_envelope(b"v", key=b"k", msg_id="m", producer=("p", 1, 2),
+                              expected_offset=3, expected_last_offset_for_key=-1,
+                              check_registers="!lock", union_registers={"lock": "me"},
+                              subtract_registers={"x": "y"})
+    envelope = decode_envelope(payload)
+    assert envelope is not None and envelope.has_expectations
+    expect = from_envelope(envelope)
+    assert expect is not None and expect.producer == ProducerSequence("p", 1, 2)
+    assert (expect.expected_offset, expect.expected_key_offset) == (3, -1)
+    plain = decode_envelope(encode_envelope(b"v", headers={"Nats-Msg-Id": b"from-header"}))
+    assert plain is not None and not plain.has_expectations
+    from_header = from_envelope(plain)
+    assert from_header is not None and from_header.msg_id == "from-header"
+    with pytest.raises(ProtocolError):
+        encode_envelope(b"v", expected_offset=-1)
+    with pytest.raises(ProtocolError):
+        encode_envelope(b"v", producer=("bad id", 0, 0))
+    with pytest.raises(ProtocolError):
+        encode_envelope(b"v", msg_ids="typo")
+
+
+def test_http_expectations_from_headers_or_body() -> None:
+    records = [Record(b"v")]
+    by_header = from_http({"Nats-Msg-Id": "m"}, {}, records)
+    assert by_header is not None and by_header.msg_id == "m"
+    by_body = from_http({}, {"expected_offset": 4, "producer": ["p", 0, 1]}, records)
+    assert by_body is not None and by_body.expected_offset == 4
+    assert by_body.producer == ProducerSequence("p", 0, 1)
+    assert from_http({}, {}, records) is None
+    with pytest.raises(ProtocolError):
+        from_http({"Nats-Msg-Id": "m"}, {"expected_offset": 1}, records)
+
+
+def test_a_batch_judged_in_order() -> None:
+    msgs = [
+        ("s.in", "r0", None, b"plain"),
+        ("s.in", "r1", {"Nats-Msg-Id": "a"}, b"first"),
+        ("s.in", "r2", {"Nats-Msg-Id": "a"}, b"retry"),
+        ("s.in", "r3", {"Jetstream-Expected-Offset": "0"}, b"late"),
+        ("s.in", "r4", {"Jetstream-Expected-Offset": "x"}, b"bad"),
+        ("s.in", "", {"Nats-Msg-Id": "b"}, b"no reply"),
+    ]
+    batch = take_messages(msgs, STREAM, False, lambda: NotEnoughReplicas(2, 1))
+    assert [e[0] for e in batch.errors] == ["r4"]
+    guard = Guard(GuardLimits(), track_keys=False)
+    guard_pass = guard.begin(10, 0, T0)
+    apply_verdicts(batch, guard_pass)
+    assert [r.value for r in batch.records] == [b"plain", b"first", b"no reply"]
+    assert batch.records[1].headers == {h.MSG_ID: b"a"}
+    assert [t[:2] for t in batch.targets] == [(0, "r0"), (1, "r1")]
+    assert [(d[0], d[3]) for d in batch.duplicates] == [("r2", 11)]
+    (refused,) = [e for e in batch.errors if e[0] == "r3"]
+    assert isinstance(refused[2], OffsetMismatch) and refused[2].log_end_offset == 12
+    guard_pass.commit()
+    assert guard.ids.offset_of("b") == 12
+    leader, acked_all, all_targets = encode_acks(AckEncoder("s", 0), 10, batch)
+    assert leader == [] and len(acked_all) == 3 and len(all_targets) == 3
+    duplicate = json.loads(acked_all[0][1])
+    assert (duplicate["offset"], duplicate["duplicate"]) == (11, True)
