@@ -430,7 +430,7 @@ async def profiles(ours: Ours, plan: Plan, out_dir: Path) -> JsonObject:
             for role, pid in zip(("leader", "follower"), pids, strict=False):
                 path = out_dir / f"r{replicas}-inflight{inflight}-{role}.txt"
                 spies.append((role, path, await asyncio.create_subprocess_exec(
-                    spy, "record", "--pid", str(pid), "--duration", str(plan.profile_s),
+                    spy, "record", "--pid", str(pid), "--duration", str(round(plan.profile_s)),
                     "--rate", str(PROFILE_RATE_HZ), "--nonblocking", "--format", "raw",
                     "-o", str(path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
             load = Load(subject(replicas, "lazy"), size=128, inflight=layout(inflight)[1],
@@ -442,7 +442,7 @@ async def profiles(ours: Ours, plan: Plan, out_dir: Path) -> JsonObject:
                 key = f"r{replicas}_inflight_{inflight}_{role}"
                 found[key] = ({**summarize_profile(path.read_text()), "file": str(path),
                                "msgs_per_s": result.msgs_per_s} if path.exists()
-                              else {"error": err.decode()[-500:]})
+                              else {"error": err.decode().strip()[:500]})
             progress(f"profiled R{replicas} at {inflight} in flight")
     return found
 
@@ -450,14 +450,14 @@ async def profiles(ours: Ours, plan: Plan, out_dir: Path) -> JsonObject:
 # -- the run -------------------------------------------------------------------------------------
 
 
-async def run(plan: Plan, quick: bool, profile: bool, work: Path, stamp: str) -> JsonObject:
+async def run(plan: Plan, quick: bool, profile: bool, work: Path, name: str) -> JsonObject:
     async with systems(work) as (ours, peer):
         progress("the generator against core NATS and its no-op responder")
         noop = await noop_ceiling(work, plan)
         progress(f"no-op: {noop['msgs_per_s']:,.0f} msg/s")
         cells = await sweep(ours, peer, plan)
         e2e = await all_end_to_end(ours, peer, plan)
-        profiled = await profiles(ours, plan, RESULTS_DIR / f"throughput-{stamp}-profiles") \
+        profiled = await profiles(ours, plan, RESULTS_DIR / f"{name}-profiles") \
             if profile else {}
     generator = generator_figures(noop, cells)
     headroom = generator["generator_headroom"]
@@ -486,16 +486,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     save = args.save or not args.quick
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = f"throughput{'-quick' if args.quick else ''}-{stamp}"
     work = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
     try:
-        results = asyncio.run(run(plan, args.quick, args.profile or not args.quick, work, stamp))
+        results = asyncio.run(run(plan, args.quick, args.profile or not args.quick, work, name))
     except BaseException:
         print(f"run failed; its processes' logs are kept in {work}", file=sys.stderr)
         raise
     shutil.rmtree(work, ignore_errors=True)
     if save:
         RESULTS_DIR.mkdir(exist_ok=True)
-        name = f"throughput{'-quick' if args.quick else ''}-{stamp}"
         progress(plot(results, RESULTS_DIR / f"{name}.png"))
         (RESULTS_DIR / f"{name}.json").write_text(json.dumps(results, indent=1))
         progress(f"results: {RESULTS_DIR / name}.json")
