@@ -244,10 +244,20 @@ def _frame_name(frame: str) -> str:
     return f"{name} ({file})" if file else name
 
 
+#: Frames every sample of a thread passes through (start-up, the event loop, thread entry):
+#: left out of the inclusive shares, where they would only crowd the top.
+_STRUCTURAL_FILES = frozenset({"<frozen runpy>", "runpy.py", "runners.py", "cli.py",
+                               "__main__.py", "base_events.py", "events.py", "threading.py"})
+#: Leaf frames that wait for work (a selector, pysyncobj's poller, an idle executor thread).
+_WAITING = frozenset({"EpollSelector.select (selectors.py)", "PollPoller.poll (poller.py)",
+                      "_worker (thread.py)"})
+
+
 def summarize_profile(collapsed: str, top: int = 15) -> JsonObject:
     """Shares of samples from py-spy's raw (collapsed) output, one `a;b;c count` stack a
-    line: by leaf function (self time), by leaf file, and by any function on the stack
-    (inclusive time), each the `top` largest."""
+    line: waiting (a leaf that waits for IO or work), by leaf function (self time), by leaf
+    file, and by any function on the stack (inclusive time, less the structural frames),
+    each the `top` largest."""
     self_time: Counter[str] = Counter()
     files: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
@@ -257,19 +267,21 @@ def summarize_profile(collapsed: str, top: int = 15) -> JsonObject:
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        frames = [f for f in stack.split(";") if " (" in f]
+        frames = [_frame_name(f) for f in stack.split(";") if " (" in f]
         if not frames:
             continue
         total += count
-        leaf = _frame_name(frames[-1])
-        self_time[leaf] += count
-        files[leaf.rsplit("(", 1)[-1].rstrip(")")] += count
-        for name in {_frame_name(f) for f in frames}:
-            inclusive[name] += count
+        self_time[frames[-1]] += count
+        files[frames[-1].rsplit("(", 1)[-1].rstrip(")")] += count
+        for name in set(frames):
+            if name.rsplit("(", 1)[-1].rstrip(")") not in _STRUCTURAL_FILES:
+                inclusive[name] += count
 
     def shares(counter: Counter[str]) -> list[list[Any]]:
         return [[name, round(count / total, 4)] for name, count in counter.most_common(top)]
 
-    return {"samples": total, "self": shares(self_time) if total else [],
+    waiting = sum(self_time[name] for name in _WAITING)
+    return {"samples": total, "waiting": round(waiting / total, 4) if total else None,
+            "self": shares(self_time) if total else [],
             "files": shares(files) if total else [],
             "inclusive": shares(inclusive) if total else []}
