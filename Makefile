@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN = $(VENV)/bin
 
-.PHONY: dev test lint install install-dev clean
+.PHONY: dev test lint install install-dev clean loadgen
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,5 +36,15 @@ lint: install-dev
 test: lint
 	$(BIN)/python -m pytest -q
 
+# The benches' load generator: a C program speaking the NATS protocol (bench/loadgen).
+LOADGEN = bench/loadgen/build/loadgen
+LOADGEN_CFLAGS ?= -O2 -g -Wall -Wextra -pthread
+
+loadgen: $(LOADGEN)
+
+$(LOADGEN): bench/loadgen/loadgen.c
+	@mkdir -p $(@D)
+	$(CC) $(LOADGEN_CFLAGS) -o $@ $<
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info bench/loadgen/build

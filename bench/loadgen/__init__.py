@@ -1,0 +1,218 @@
+"""The benches' load generator: a compiled NATS client (loadgen.c) driven from Python.
+
+Theory of operation: `bench/loadgen/loadgen.c` speaks the NATS text protocol over plain
+sockets (no client library), so one process on one core sends and times several hundred
+thousand requests a second, far past nats-py's ~130k. `make loadgen` builds it into
+`bench/loadgen/build/` (ignored by git); `ensure_built` runs that on demand and says what to
+install when no C compiler is there. `run_load` starts `Load.processes` copies of it, each
+with `Load.conns` connections (threads) of `Load.inflight` requests outstanding, all told to
+start sending at one CLOCK_MONOTONIC instant, and merges what they print: counts, CPU and
+their latency histograms (bench/loadgen/histogram.py), into one `LoadResult`. `responder`
+runs the same program as the no-op peer: it answers every request with "+OK" and stores
+nothing, so a request run against it through core NATS is the generator's own ceiling,
+which a bench compares with the rates it reports for the systems it measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.loadgen.histogram import Histogram
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "loadgen.c"
+BINARY = HERE / "build" / "loadgen"
+REPO = HERE.parent.parent
+#: Processes start sending this long after being launched: time to connect and subscribe.
+START_DELAY_S = 0.3
+RESPONDER_READY_S = 10.0
+#: A run may take this much longer than its duration (draining, start-up) before it is stopped.
+RUN_SLACK_S = 30.0
+
+
+class LoadgenUnavailable(RuntimeError):
+    """The load generator could not be built: the message says what to install."""
+
+
+class LoadgenFailed(RuntimeError):
+    """A generator process exited with an error (its stderr is in the message)."""
+
+
+def ensure_built() -> Path:
+    """The generator's binary, built with `make loadgen` when missing or older than its
+    source."""
+    if BINARY.exists() and BINARY.stat().st_mtime >= SOURCE.stat().st_mtime:
+        return BINARY
+    compiler = os.environ.get("CC", "cc")
+    missing = [tool for tool in ("make", compiler) if shutil.which(tool) is None]
+    if missing:
+        raise LoadgenUnavailable(
+            f"the load generator is a C program and {' and '.join(missing)} was not found: "
+            "install a C compiler and make (Debian/Ubuntu: apt install build-essential), "
+            "then run `make loadgen`")
+    built = subprocess.run(["make", "-s", "-C", str(REPO), "loadgen"], capture_output=True,
+                           text=True, check=False)
+    if built.returncode != 0 or not BINARY.exists():
+        raise LoadgenUnavailable(f"`make loadgen` failed:\n{built.stdout}{built.stderr}")
+    return BINARY
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """One run of requests: `count` in all or for `duration_s` after `warmup_s`; `rate`
+    (messages a second in all) paces them; `stamp` puts the send time in each payload."""
+
+    subject: str
+    size: int = 128
+    inflight: int = 1
+    conns: int = 1
+    processes: int = 1
+    count: int | None = None
+    duration_s: float | None = None
+    warmup_s: float = 0.0
+    rate: float | None = None
+    stamp: bool = False
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if (self.count is None) == (self.duration_s is None):
+            raise ValueError("a load has a count or a duration, not both")
+        if self.count is not None and self.count < self.conns * self.processes:
+            raise ValueError("a counted load sends at least one request per connection")
+        if min(self.inflight, self.conns, self.processes) < 1:
+            raise ValueError("inflight, conns and processes are at least 1")
+
+    @property
+    def total_inflight(self) -> int:
+        return self.inflight * self.conns * self.processes
+
+
+def command(binary: Path, url: str, load: Load, process: int, start_at_ns: int) -> list[str]:
+    """The argv of generator process `process` (0-based) of `load`: the count and the rate
+    are shared out over the processes."""
+    args = [str(binary), "--url", url, "--subject", load.subject, "--size", str(load.size),
+            "--inflight", str(load.inflight), "--conns", str(load.conns),
+            "--timeout", str(load.timeout_s), "--start-at", str(start_at_ns)]
+    if load.count is not None:
+        share = load.count // load.processes + (process < load.count % load.processes)
+        args += ["--count", str(share)]
+    else:
+        args += ["--duration", str(load.duration_s), "--warmup", str(load.warmup_s)]
+    if load.rate is not None:
+        args += ["--rate", str(load.rate / load.processes)]
+    if load.stamp:
+        args.append("--stamp")
+    return args
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """What the processes of one run measured together. `messages` are the acks counted
+    (those after the warm-up), `acked` every ack."""
+
+    messages: int
+    acked: int
+    sent: int
+    errors: int
+    no_responders: int
+    timed_out: bool
+    elapsed_s: float
+    msgs_per_s: float
+    mb_per_s: float
+    histogram: Histogram
+    generator_cpu_s: float
+
+    def figures(self) -> dict[str, Any]:
+        """The result as JSON: rates, ack latency percentiles (ms), counts."""
+        return {"msgs_per_s": self.msgs_per_s, "mb_per_s": self.mb_per_s,
+                **{f"ack_{k}": v for k, v in self.histogram.summary_ms().items()},
+                "messages": self.messages, "acked": self.acked, "sent": self.sent,
+                "errors": self.errors, "no_responders": self.no_responders,
+                "timed_out": self.timed_out, "elapsed_s": self.elapsed_s,
+                "generator_cpu_s": self.generator_cpu_s}
+
+
+def merge_runs(runs: Sequence[dict[str, Any]], size: int) -> LoadResult:
+    """One result of the JSON objects the generator processes printed: counts add up, the
+    rate is the counted acks over the span from the earliest start to the latest end, the
+    histograms merge."""
+    if not runs:
+        raise ValueError("no generator output to merge")
+    start = min(int(r["start_ns"]) for r in runs)
+    end = max(int(r["end_ns"]) for r in runs)
+    elapsed_s = max(end - start, 1) / 1e9
+    messages = sum(int(r["counted"]) for r in runs)
+    rate = messages / elapsed_s
+    return LoadResult(
+        messages=messages, acked=sum(int(r["acked"]) for r in runs),
+        sent=sum(int(r["sent"]) for r in runs), errors=sum(int(r["errors"]) for r in runs),
+        no_responders=sum(int(r["no_responders"]) for r in runs),
+        timed_out=any(bool(r["timed_out"]) for r in runs), elapsed_s=elapsed_s,
+        msgs_per_s=rate, mb_per_s=rate * size / 1e6,
+        histogram=Histogram.merged(Histogram.from_json(r["histogram"]) for r in runs),
+        generator_cpu_s=sum(float(r["cpu_user_s"]) + float(r["cpu_sys_s"]) for r in runs))
+
+
+async def run_load(url: str, load: Load) -> LoadResult:
+    """`load` against the nats-server at `url` (host:port or nats://host:port)."""
+    binary = await asyncio.to_thread(ensure_built)
+    start_at_ns = time.monotonic_ns() + int(START_DELAY_S * 1e9)
+    procs = [await asyncio.create_subprocess_exec(
+        *command(binary, url, load, i, start_at_ns), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(load.processes)]
+    limit_s = START_DELAY_S + RUN_SLACK_S + load.timeout_s + (
+        load.warmup_s + load.duration_s if load.duration_s is not None else 0.0)
+    try:
+        outputs = await asyncio.wait_for(
+            asyncio.gather(*(p.communicate() for p in procs)),
+            None if load.count is not None else limit_s)
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+    runs = []
+    for p, (out, err) in zip(procs, outputs, strict=True):
+        if p.returncode != 0:
+            raise LoadgenFailed(f"loadgen exited with {p.returncode}: {err.decode().strip()}")
+        runs.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return merge_runs(runs, load.size)
+
+
+@contextlib.contextmanager
+def responder(url: str, subject: str, conns: int = 1) -> Iterator[int]:
+    """The no-op peer: `conns` connections answering every request on `subject` with "+OK"
+    (queue group "loadgen"), storing nothing; yields its PID, killed by PID on exit."""
+    binary = ensure_built()
+    proc = subprocess.Popen([str(binary), "--mode", "respond", "--url", url,
+                             "--subject", subject, "--conns", str(conns)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        deadline = time.monotonic() + RESPONDER_READY_S
+        line = b""
+        while not line.endswith(b"\n"):
+            if proc.poll() is not None:
+                raise LoadgenFailed(f"the no-op responder exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise LoadgenFailed(f"the no-op responder was not ready in "
+                                    f"{RESPONDER_READY_S} s")
+            line += proc.stdout.read() or b""
+            time.sleep(0.005)  # polling a pipe for the ready line, under a deadline
+        if line.strip() != b"ready":
+            raise LoadgenFailed(f"the no-op responder said {line!r}")
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()

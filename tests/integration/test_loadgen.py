@@ -1,0 +1,85 @@
+"""The compiled load generator (bench/loadgen) against a real nats-server: requests answered
+by its no-op responder, by nobody, and by a real broker; paced requests whose payload carries
+their send time on the clock Python reads; and its histogram buckets against histogram.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import subprocess
+import time
+
+import nats
+import pytest
+
+from bench.loadgen import Load, LoadgenFailed, ensure_built, responder, run_load
+from bench.loadgen.histogram import bucket_of
+from jetstream.client import Client
+from jetstream.server.process import BrokerProcess
+
+
+async def test_requests_to_the_no_op_responder_are_all_answered_and_timed(
+        nats_url: str) -> None:
+    with responder(nats_url, "lg.noop", conns=2):
+        result = await run_load(nats_url, Load("lg.noop", size=128, inflight=8, conns=2,
+                                               processes=2, count=2000))
+    assert result.messages == result.acked == result.sent == 2000
+    assert result.errors == result.no_responders == 0 and not result.timed_out
+    assert result.histogram.total == 2000
+    assert 0 < result.histogram.value_at(50) <= result.histogram.value_at(99) < 5 * 10**9
+    assert result.msgs_per_s > 0 and result.mb_per_s == pytest.approx(
+        result.msgs_per_s * 128 / 1e6)
+
+
+async def test_requests_nobody_answers_come_back_as_no_responders(nats_url: str) -> None:
+    result = await run_load(nats_url, Load("lg.nobody", inflight=4, count=40))
+    assert result.acked == result.no_responders == 40
+    assert result.errors == 0
+
+
+async def test_a_broker_acks_every_request_of_a_fixed_duration(
+        broker: BrokerProcess, js: Client) -> None:
+    await js.create_stream("lg", "lg.stream", ack_policy="leader")
+    result = await run_load(broker.nats_url, Load("lg.stream", size=256, inflight=16,
+                                                  duration_s=0.5, warmup_s=0.2))
+    assert result.messages > 0 and result.acked == result.sent
+    assert result.errors == result.no_responders == 0 and not result.timed_out
+    info = await js.stream_info("lg")
+    assert info.partitions[0].high_watermark == result.acked
+
+
+async def test_paced_requests_carry_their_send_time(nats_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    stamps: list[tuple[int, int]] = []
+
+    async def on_message(msg: nats.aio.msg.Msg) -> None:
+        stamps.append((int(msg.data[:20]), time.monotonic_ns()))
+        await msg.respond(b"+OK")
+
+    await nc.subscribe("lg.paced", cb=on_message)
+    await nc.flush()
+    try:
+        result = await run_load(nats_url, Load("lg.paced", size=64, inflight=10, rate=200.0,
+                                               duration_s=0.5, stamp=True))
+    finally:
+        await nc.close()
+    assert 80 <= result.messages <= 120  # 200/s for 0.5 s
+    assert len(stamps) == result.sent
+    assert all(0 < received - sent < 2 * 10**9 for sent, received in stamps)
+    sent_times = [sent for sent, _ in stamps]
+    assert sent_times == sorted(sent_times)
+    gaps = [b - a for a, b in itertools.pairwise(sent_times)]
+    assert sorted(gaps)[len(gaps) // 2] == pytest.approx(5_000_000, rel=0.2)  # 1/200 s
+
+
+def test_the_generator_buckets_values_as_histogram_py_does() -> None:
+    binary = ensure_built()
+    for value in (0, 1, 127, 128, 129, 255, 256, 1000, 999_999, 10**9, 2**40 + 12345):
+        out = subprocess.run([str(binary), "--bucket-of", str(value)], capture_output=True,
+                             text=True, check=True).stdout
+        assert int(out) == bucket_of(value), value
+
+
+async def test_a_bad_url_fails_with_the_generators_message() -> None:
+    with pytest.raises(LoadgenFailed, match="cannot connect"):
+        await asyncio.wait_for(run_load("127.0.0.1:1", Load("x", count=1)), 30)
