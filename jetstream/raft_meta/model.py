@@ -18,6 +18,8 @@ from jetstream.errors import InvalidConfig, InvalidStreamConfig
 from jetstream.protocol import names
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.stream.config import FsyncPolicy, LogConfig, MiB
+from jetstream.tiered import settings as tiered
+from jetstream.tiered.names import Compression
 
 #: Most partitions per stream and the largest replication factor.
 PARTITIONS_MAX = 1024
@@ -30,7 +32,7 @@ UPDATABLE_FIELDS = frozenset({
     "retention_messages", "segment_bytes_max", "segment_ms_max", "max_message_bytes",
     "cleanup_policy", "min_cleanable_dirty_ratio", "min_compaction_lag_ms",
     "max_compaction_lag_ms", "delete_retention_ms",
-})
+}) | tiered.FIELDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,12 @@ class StreamConfig:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int | None = None
     delete_retention_ms: int = DAY_MS
+    # Tiered storage (jetstream.tiered.settings).
+    fragment_store: str | None = None
+    fragment_compression: Compression = Compression.NONE
+    local_retention_ms: int | None = None
+    local_retention_bytes: int | None = None
+    fragment_store_retention: tiered.StoreRetention = tiered.StoreRetention.DELETE
 
     def __post_init__(self) -> None:
         names.check_stream_name(self.name)
@@ -76,6 +84,7 @@ class StreamConfig:
                 raise InvalidStreamConfig(
                     f"{name} must be one of {[m.value for m in enum_type]}, got {value!r}",
                     field=name) from None
+        tiered.check(self)
         try:
             self._log_config(retention=True)  # retention values are checked whatever the policy
             self.compaction_config()
@@ -129,6 +138,8 @@ class StreamConfig:
         out["ack_policy"] = self.ack_policy.value
         out["fsync"] = self.fsync.value
         out["cleanup_policy"] = self.cleanup_policy.value
+        out["fragment_compression"] = self.fragment_compression.value
+        out["fragment_store_retention"] = self.fragment_store_retention.value
         return out
 
     @classmethod
