@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from obstore.exceptions import NotFoundError
+
 from jetstream.errors import FragmentStoreUnavailable, OffsetOutOfRange
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.log import Log
@@ -32,7 +34,13 @@ from jetstream.tiered import offload
 from jetstream.tiered.index import FragmentIndex, StoredFragment
 from jetstream.tiered.names import FragmentName
 from jetstream.tiered.offload import PassInput, PassResult, StepHook, TierMetrics
-from jetstream.tiered.planner import TotalRetention, cut_for_time, fragments_below
+from jetstream.tiered.planner import (
+    LocalRetention,
+    TotalRetention,
+    cut_for_time,
+    fragments_below,
+    plan_offload,
+)
 from jetstream.tiered.reader import FragmentCache
 from jetstream.tiered.settings import TieredSettings
 from jetstream.tiered.store import FragmentStore, StoreRegistry
@@ -108,6 +116,11 @@ class PartitionTier:
         sealed_end = bases[-1]  # the active segment's base: where the sealed ones end
         self._sealed_end_waiting = sealed_end if sealed_end > high_watermark else None
         self._generation = self.index.generation
+        # The backlog as of now, whether the store answers this pass or not.
+        sealed, active_bytes = offload.sealed_infos(log_)
+        self.metrics.backlog_bytes = plan_offload(
+            sealed, active_bytes, high_watermark, self.index, LocalRetention(None, None),
+            wall_ms).backlog_bytes
         task = PassInput(self.settings, self.stream, self.partition, high_watermark,
                          tuple(self.index.all()), frozenset(self.verified),
                          list_now=not self.listed or now_ms >= self._next_list_ms,
@@ -161,8 +174,7 @@ class PartitionTier:
         else:
             self.store_error = FragmentStoreUnavailable(self.settings.fragment_store,
                                                         f"offload failed: {outcome}")
-        log.warning("offload of %s/%d failed (retried with backoff): %s", self.stream,
-                    self.partition, outcome)
+        # (housekeeping logs the failure)
 
     # -- a leader on an empty log ----------------------------------------------------------------
 
@@ -211,7 +223,12 @@ class PartitionTier:
         if fragment is None:
             raise OffsetOutOfRange(offset, self.start_offset(log_), upper_bound)
         store = self.store()
-        segment = await self._cache.segment(store, fragment.name)
+        try:
+            segment = await self._cache.segment(store, fragment.name)
+        except (NotFoundError, FileNotFoundError):
+            # Gone from the store since the last listing (a prune, a lifecycle rule).
+            self.index.remove([fragment.name])
+            raise OffsetOutOfRange(offset, self.start_offset(log_), upper_bound) from None
         piece = self._cache.read(segment, offset, max_bytes, min(upper_bound, fragment.end))
         self.metrics.store_reads += 1
         self.metrics.store_read_bytes += piece.length

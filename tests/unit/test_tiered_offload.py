@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jetstream.errors import CorruptFragment, FragmentStoreUnavailable
+from jetstream.errors import CorruptFragment, FragmentStoreUnavailable, OffsetOutOfRange
 from jetstream.stream import format as fmt
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
@@ -234,3 +234,18 @@ def test_batches_in_a_fragment_are_the_segment_format(segmented: tuple[Log, byte
     data = (tmp_path / "store" / first.name.key("")).read_bytes()
     batches = list(fmt.iter_batches(data))
     assert batches[0][1].base_offset == 0 and batches[-1][1].next_offset == first.end
+
+
+def test_a_fragment_gone_since_the_listing_is_out_of_range(segmented: tuple[Log, bytes],
+                                                           tmp_path: Path) -> None:
+    log, _original = segmented
+    url = store_url(tmp_path)
+    tier = new_tier(url, tmp_path)
+    for _ in range(5):
+        run_pass(tier, log)
+    first = tier.index.covering(0)
+    assert first is not None
+    (tmp_path / "store" / first.name.key("")).unlink()  # a lifecycle rule took it
+    with pytest.raises(OffsetOutOfRange) as info:
+        asyncio.run(tier.read(0, 4096, 200, log))
+    assert info.value.oldest == first.end and tier.index.covering(0) is None
