@@ -9,8 +9,8 @@ blocking work in the broker's executor, on a private copy of the fragment index:
 2. Upload what the planner (jetstream.tiered.planner) says: each sealed, committed segment
    not yet covered, read from the log (CRC-checked), compressed, named by the SHA-256 of its
    bytes and the leader epoch of its last batch, so the same content always gets the same
-   name whoever uploads it. An object already there with the same name and size is not put
-   again (a crash after the object landed); after a put, a HEAD must show it with its size.
+   name whoever uploads it (a put again after a crash stores the same object); after a put,
+   a HEAD must show the object with its size.
 3. Delete local sealed segments the local retention no longer keeps, only where fragments
    cover them that were verified: uploaded and checked by this pass, or downloaded and found
    to hold what their name says (fragments known from a listing alone).
@@ -27,7 +27,8 @@ done twice yields the same object under the same name.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from jetstream.errors import FragmentStoreUnavailable, SegmentsChanged
@@ -118,12 +119,12 @@ def run_pass(store: FragmentStore, log_: Log, task: PassInput,
     sealed, active_bytes = sealed_infos(log_)
     plan = plan_offload(sealed, active_bytes, task.high_watermark, index, local, task.now_ms)
     result.backlog_bytes = plan.backlog_bytes
-    for segment in plan.uploads:
-        fragment = upload_segment(store, log_, task, segment, step)
+    sizes = {s.base_offset: s.size_bytes for s in plan.uploads}
+    for fragment in upload_segments(store, log_, task, plan.uploads, step):
         index.add(fragment)
         verified.add(fragment.name)
         result.uploaded.append(fragment)
-        result.backlog_bytes -= segment.size_bytes
+        result.backlog_bytes -= sizes[fragment.begin]
     _verify_listed(store, index, verified, sealed, result)
     trusted = FragmentIndex(f for f in index.all() if f.name in verified)
     plan = plan_offload(sealed, active_bytes, task.high_watermark, trusted, local, task.now_ms)
@@ -135,32 +136,62 @@ def run_pass(store: FragmentStore, log_: Log, task: PassInput,
     return result
 
 
-def upload_segment(store: FragmentStore, log_: Log, task: PassInput, segment: SegmentInfo,
-                   step: StepHook) -> StoredFragment:
-    """Upload one sealed segment (idempotent) and verify it landed whole."""
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A segment read, checked and encoded, ready to put."""
+
+    segment: SegmentInfo
+    name: FragmentName
+    key: str
+    payload: bytes
+
+
+def prepare_segment(store: FragmentStore, log_: Log, task: PassInput, segment: SegmentInfo,
+                    step: StepHook) -> Prepared:
+    """Read one sealed segment (CRC-checked), name it by its bytes and encode it."""
     data, next_offset = log_.read_bytes(segment.base_offset, segment.size_bytes,
                                         upper_bound=segment.next_offset)
     if len(data) != segment.size_bytes or next_offset != segment.next_offset:
         raise SegmentsChanged(f"segment {segment.base_offset} of {task.stream}/"
                               f"{task.partition} changed while it was offloaded")
-    epoch = _last_epoch(data)
     step("read")
     encoded = codec.encode(data, task.settings.fragment_compression)
     name = FragmentName(segment.base_offset, segment.next_offset, task.stream, task.partition,
-                        epoch, encoded.sha256, task.settings.fragment_compression)
-    key = store.key(name)
-    there = store.head(key)
-    if there is None or there.size_bytes != len(encoded.payload):
-        store.put(key, encoded.payload)
-        step("put")
-        there = store.head(key)
-        if there is None or there.size_bytes != len(encoded.payload):
-            raise FragmentStoreUnavailable(
-                store.url, f"{key} did not verify after upload: the store holds "
-                f"{there.size_bytes if there else 'nothing'}, {len(encoded.payload)} bytes "
-                "were put")
+                        _last_epoch(data), encoded.sha256, task.settings.fragment_compression)
+    return Prepared(segment, name, store.key(name), encoded.payload)
+
+
+def verify_upload(store: FragmentStore, prepared: Prepared, step: StepHook) -> StoredFragment:
+    """After the put: the object must be there, whole."""
+    step("put")
+    there = store.head(prepared.key)
+    size = len(prepared.payload)
+    if there is None or there.size_bytes != size:
+        raise FragmentStoreUnavailable(
+            store.url, f"{prepared.key} did not verify after upload: the store holds "
+            f"{there.size_bytes if there else 'nothing'}, {size} bytes were put")
     step("verified")
-    return StoredFragment(name, there.size_bytes, there.modified_ms)
+    return StoredFragment(prepared.name, there.size_bytes, there.modified_ms)
+
+
+def upload_segments(store: FragmentStore, log_: Log, task: PassInput,
+                    segments: Sequence[SegmentInfo], step: StepHook) -> Iterator[StoredFragment]:
+    """Upload sealed segments in order (idempotent), each verified: the next segment is read
+    and encoded while the previous one is being put (one put at a time). No HEAD before a
+    put: the planner uploads only what the listing and this leader's uploads do not cover,
+    and a put of the same name holds the same bytes (a put again after a crash between put
+    and verification changes nothing)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="offload-put") as putter:
+        pending: tuple[Future[None], Prepared] | None = None
+        for segment in segments:
+            prepared = prepare_segment(store, log_, task, segment, step)
+            if pending is not None:
+                pending[0].result()
+                yield verify_upload(store, pending[1], step)
+            pending = (putter.submit(store.put, prepared.key, prepared.payload), prepared)
+        if pending is not None:
+            pending[0].result()
+            yield verify_upload(store, pending[1], step)
 
 
 def _last_epoch(data: bytes) -> int:

@@ -47,6 +47,9 @@ from jetstream.tiered.store import FragmentStore, StoreRegistry
 
 log = logging.getLogger(__name__)
 
+#: Fragments fetched ahead of a reader catching up from the store.
+READ_AHEAD_FRAGMENTS = 2
+
 
 @dataclass(frozen=True, slots=True)
 class TierConfig:
@@ -232,11 +235,22 @@ class PartitionTier:
         piece = self._cache.read(segment, offset, max_bytes, min(upper_bound, fragment.end))
         self.metrics.store_reads += 1
         self.metrics.store_read_bytes += piece.length
-        following = self.index.covering(fragment.end)
-        if following is not None and fragment.end < log_.log_start_offset:
-            self._cache.prefetch(self.key, partial(self._cache.segment, store,
-                                                   following.name))
+        self._read_ahead(store, fragment, log_.log_start_offset)
         return piece
+
+    def _read_ahead(self, store: FragmentStore, fragment: StoredFragment, local_start: int
+                    ) -> None:
+        """Fetch the next READ_AHEAD_FRAGMENTS fragments below the local log start."""
+        names: list[FragmentName] = []
+        at = fragment.end
+        while len(names) < READ_AHEAD_FRAGMENTS and at < local_start:
+            following = self.index.covering(at)
+            if following is None:
+                break
+            names.append(following.name)
+            at = following.end
+        if names:
+            self._cache.prefetch(self.key, partial(self._cache.load_all, store, names))
 
     # -- listing and pruning (admin) ---------------------------------------------------------
 

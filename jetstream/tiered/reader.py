@@ -84,6 +84,11 @@ class FragmentCache:
             return segment
         return await asyncio.shield(loading)
 
+    async def load_all(self, store: FragmentStore, names: list[FragmentName]) -> None:
+        """Download `names` into the cache, one after another (read-ahead)."""
+        for name in names:
+            await self.segment(store, name)
+
     async def _download(self, store: FragmentStore, name: FragmentName) -> Segment:
         payload = await store.get_async(store.key(name))
         segment = await asyncio.get_running_loop().run_in_executor(
