@@ -9,6 +9,7 @@ clients without a schema of their own.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -75,8 +76,10 @@ class StreamConfig:
         _int(self, "replication_factor", 1, REPLICATION_FACTOR_MAX)
         _int(self, "min_isr", 1, self.replication_factor)
         _int(self, "max_message_bytes", 64, MESSAGE_BYTES_MAX)
-        for name, enum_type in (("ack_policy", AckPolicy), ("fsync", FsyncPolicy),
-                                ("cleanup_policy", CleanupPolicy)):
+        enums: tuple[tuple[str, type[enum.Enum]], ...] = (
+            ("ack_policy", AckPolicy), ("fsync", FsyncPolicy), ("cleanup_policy", CleanupPolicy),
+            *tiered.ENUM_FIELDS)
+        for name, enum_type in enums:
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, enum_type(value))

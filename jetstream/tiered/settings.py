@@ -74,20 +74,16 @@ def check_store_url(url: object) -> str:
     return url
 
 
+#: The fields holding an enum's value (StreamConfig checks and converts them with its own).
+ENUM_FIELDS: tuple[tuple[str, type[enum.Enum]], ...] = (
+    ("fragment_compression", Compression), ("fragment_store_retention", StoreRetention))
+
+
 def check(config: Any) -> None:
-    """Check the tiered fields of a StreamConfig (normalising the enums in place)."""
+    """Check the tiered fields of a StreamConfig but the enums (ENUM_FIELDS)."""
     store = config.fragment_store
     if store is not None:
         check_store_url(store)
-    for name, enum_type in (("fragment_compression", Compression),
-                            ("fragment_store_retention", StoreRetention)):
-        value = getattr(config, name)
-        try:
-            object.__setattr__(config, name, enum_type(value))
-        except ValueError:
-            raise InvalidStreamConfig(
-                f"{name} must be one of {[m.value for m in enum_type]}, got {value!r}",
-                field=name) from None
     for name in ("local_retention_ms", "local_retention_bytes"):
         value = getattr(config, name)
         if value is None:

@@ -15,6 +15,7 @@ from jetstream.errors import CorruptFragment, FragmentStoreUnavailable, OffsetOu
 from jetstream.stream import format as fmt
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
+from jetstream.tiered.index import StoredFragment
 from jetstream.tiered.names import Compression, partition_prefix
 from jetstream.tiered.offload import PassResult
 from jetstream.tiered.partition_tier import PartitionTier, TierConfig
@@ -95,6 +96,19 @@ def store_url(tmp_path: Path) -> str:
     return f"file://{tmp_path / 'store'}"
 
 
+def offloaded(log: Log, tmp_path: Path, local_bytes: int | None = 1
+              ) -> tuple[str, PartitionTier, StoredFragment]:
+    """The store's URL, a tier that offloaded every sealed segment of `log` (and deleted
+    them locally, unless `local_bytes` is None) and the fragment holding offset 0."""
+    url = store_url(tmp_path)
+    tier = new_tier(url, tmp_path, local_bytes=local_bytes)
+    for _ in range(5):
+        run_pass(tier, log)
+    first = tier.index.covering(0)
+    assert first is not None
+    return url, tier, first
+
+
 def keys(url: str) -> list[str]:
     return sorted(o.key for o in FragmentStore(url).list_keys(
         partition_prefix("", STREAM, PARTITION)))
@@ -151,12 +165,7 @@ def test_a_crash_at_any_step_loses_nothing_and_duplicates_nothing(
 def test_a_corrupt_object_is_an_error_naming_it(segmented: tuple[Log, bytes],
                                                 tmp_path: Path) -> None:
     log, _original = segmented
-    url = store_url(tmp_path)
-    tier = new_tier(url, tmp_path)
-    for _ in range(5):
-        run_pass(tier, log)
-    first = tier.index.covering(0)
-    assert first is not None
+    url, tier, first = offloaded(log, tmp_path)
     path = tmp_path / "store" / first.name.key("")
     data = bytearray(path.read_bytes())
     data[100] ^= 0x01
@@ -169,10 +178,7 @@ def test_a_corrupt_object_is_an_error_naming_it(segmented: tuple[Log, bytes],
 def test_listing_picks_up_other_writers_and_drops_pruned(segmented: tuple[Log, bytes],
                                                          tmp_path: Path) -> None:
     log, _original = segmented
-    url = store_url(tmp_path)
-    writer = new_tier(url, tmp_path, local_bytes=None)  # uploads, keeps its local copy
-    for _ in range(5):
-        run_pass(writer, log)
+    url, writer, _first = offloaded(log, tmp_path, None)  # keeps its local copy
     # A reader elsewhere (another cluster's broker) on an empty log: the listing is all.
     other = make(tmp_path / "other", Clock())
     reader = new_tier(url, tmp_path, local_bytes=None)
@@ -198,10 +204,7 @@ def test_listing_picks_up_other_writers_and_drops_pruned(segmented: tuple[Log, b
 def test_retention_deletes_the_oldest_fragments_and_local_segments(
         segmented: tuple[Log, bytes], tmp_path: Path) -> None:
     log, _original = segmented
-    url = store_url(tmp_path)
-    tier = new_tier(url, tmp_path, local_bytes=None)
-    for _ in range(5):
-        run_pass(tier, log)
+    url, tier, _first = offloaded(log, tmp_path, None)
     stored = len(keys(url))
     run_pass(tier, log, total=TotalRetention(None, None, 100))
     assert 0 < len(keys(url)) < stored
@@ -239,12 +242,7 @@ def test_batches_in_a_fragment_are_the_segment_format(segmented: tuple[Log, byte
 def test_a_fragment_gone_since_the_listing_is_out_of_range(segmented: tuple[Log, bytes],
                                                            tmp_path: Path) -> None:
     log, _original = segmented
-    url = store_url(tmp_path)
-    tier = new_tier(url, tmp_path)
-    for _ in range(5):
-        run_pass(tier, log)
-    first = tier.index.covering(0)
-    assert first is not None
+    _url, tier, first = offloaded(log, tmp_path)
     (tmp_path / "store" / first.name.key("")).unlink()  # a lifecycle rule took it
     with pytest.raises(OffsetOutOfRange) as info:
         asyncio.run(tier.read(0, 4096, 200, log))
