@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jetstream import cli_demo, cli_groups, cli_kv, cli_scrub
+from jetstream import cli_demo, cli_fragments, cli_groups, cli_kv, cli_scrub
 from jetstream.cli_text import (
     FROM_HELP,
     UsageError,
@@ -181,7 +181,8 @@ async def stream_create(js: Client, args: argparse.Namespace) -> int:
         fsync=args.fsync, retention_ms=args.retention_ms, retention_bytes=args.retention_bytes,
         retention_messages=args.retention_messages, max_message_bytes=args.max_message_bytes,
         replication_factor=args.replication_factor, min_isr=args.min_isr,
-        **{k: getattr(args, k) for k in _COMPACTION_FLAGS if getattr(args, k) is not None})
+        **{k: getattr(args, k) for k in _COMPACTION_FLAGS if getattr(args, k) is not None},
+        tiered={k: getattr(args, k) for k in _TIERED_FLAGS})
     count = info.partition_count
     emit(args, stream_json(info),
           f"stream {info.name} ready: subject {info.subject!r}, {count} "
@@ -196,11 +197,14 @@ _COMPACTION_FLAGS = {
     "max_compaction_lag_ms": int, "delete_retention_ms": int, "segment_bytes_max": int,
     "segment_ms_max": int, "duplicate_window_ms": int,
 }
+#: Flags of `stream create` and `stream update` for tiered storage.
+_TIERED_FLAGS = {"fragment_store": str, "fragment_compression": str, "local_retention_ms": int,
+                 "local_retention_bytes": int, "fragment_store_retention": str}
 #: What `stream update` may change, and how a flag's text is read ("none": no limit).
 _UPDATE_FLAGS = {
     **_COMPACTION_FLAGS, "ack_policy": str, "fsync": str, "fsync_interval_ms": int,
     "retention_ms": int, "retention_bytes": int, "retention_messages": int,
-    "max_message_bytes": int,
+    "max_message_bytes": int, **_TIERED_FLAGS,
 }
 
 
@@ -235,7 +239,11 @@ async def stream_list(js: Client, args: argparse.Namespace) -> int:
 
 async def stream_info(js: Client, args: argparse.Namespace) -> int:
     info = await js.stream_info(args.name)
-    emit(args, stream_json(info), stream_text(info))
+    data, text = stream_json(info), stream_text(info)
+    if info.config.get("fragment_store"):  # local and stored extents, from the leaders
+        data["extents"] = extents = await js.fragments(info.name)
+        text += "\n\n" + cli_fragments.extents_text(extents)
+    emit(args, data, text)
     return 0
 
 
@@ -533,6 +541,9 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     for name, kind in _COMPACTION_FLAGS.items():
         if name != "cleanup_policy":
             create.add_argument("--" + name.replace("_", "-"), type=kind, metavar="N")
+    for name, kind in _TIERED_FLAGS.items():
+        create.add_argument("--" + name.replace("_", "-"), type=kind,
+                            metavar="URL" if name == "fragment_store" else "VALUE")
     update = leaf(group, "update", stream_update,
                   "change settings of a stream (retention, cleanup policy, compaction, "
                   "segments, ack policy, fsync, largest message)")
@@ -554,6 +565,14 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     cli_scrub.add_arguments(leaf(
         commands, "scrub", cli_scrub.scrub,
         "check every byte of a stream's replicas now, heal what can be, print what is left"))
+    fragments = commands.add_parser("fragments", help="a stream's history in its fragment "
+                                    "store (tiered storage)")
+    fragment_commands = fragments.add_subparsers(dest="fragments_command", required=True)
+    cli_fragments.add_arguments(
+        leaf(fragment_commands, "list", cli_fragments.fragments_list,
+             "list fragments in the store and each partition's stored and local extents"),
+        leaf(fragment_commands, "prune", cli_fragments.fragments_prune,
+             "delete the history before an offset or a time, in the store and on disk"))
     cli_demo.add_arguments(leaf(commands, "demo", cli_demo.demo, "create the demo streams "
                                 "(orders, customers, orders-enriched) and publish data for "
                                 "the Spark jobs in spark/jobs"))

@@ -175,6 +175,32 @@ class DiskFull(StorageError):
     retriable = True
 
 
+class FragmentStoreUnavailable(StorageError):
+    """The stream's fragment store (`fragment_store`) could not be reached or refused the
+    request. Nothing is lost: sealed segments stay on the brokers' disks and offload retries
+    with backoff; a read of offloaded offsets may be retried later."""
+
+    code = "FRAGMENT_STORE_UNAVAILABLE"
+    retriable = True
+    url: str
+    reason: str
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"fragment store {url} unavailable: {reason}", url=url, reason=reason)
+
+
+class CorruptFragment(StorageError):
+    """A fragment read from the store does not hold what its name says (its SHA-256 differs,
+    or it cannot be decompressed). It is never served. Restore the object (another copy, a
+    replica's segment) or prune it."""
+
+    code = "CORRUPT_FRAGMENT"
+    url: str
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"fragment {url} is corrupt: {reason}", url=url, reason=reason)
+
+
 class InvalidConfig(JetstreamError):
     """A configuration value is missing, of the wrong type or out of its range."""
 

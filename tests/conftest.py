@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from jetstream.natsd import NatsServer
+from jetstream.tiered.local_s3 import LocalS3
 from tests.pki import Pki
 
 
@@ -28,3 +30,22 @@ def nats_url(nats_server: NatsServer) -> str:
 def pki(tmp_path: Path) -> Pki:
     """A throwaway CA (trustme) whose certificates are written under the test's directory."""
     return Pki(tmp_path / "pki")
+
+
+@pytest.fixture(scope="session")
+def local_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3]:
+    """moto's S3 server on a free 127.0.0.1 port (one per test session), stopped by PID.
+    Its `env` reaches it (brokers get it in their environment); `create_bucket` makes one."""
+    with LocalS3(tmp_path_factory.mktemp("moto") / "moto.log") as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(local_s3: LocalS3, request: pytest.FixtureRequest,
+              monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket on `local_s3` for this test, as `s3://bucket`; this process's
+    environment reaches it."""
+    for key, value in local_s3.env.items():
+        monkeypatch.setenv(key, value)
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50]
+    return local_s3.create_bucket(name.strip("-") + f"-{os.getpid()}")

@@ -75,12 +75,15 @@ class StreamAdmin:
         delete_retention_ms: int | None = None,
         duplicate_window_ms: int | None = None,
         group: str | None = None,
+        tiered: Mapping[str, object] | None = None,
     ) -> StreamInfo:
         """Create a stream reading `subject` (partition p > 0 reads `<subject>.<p>`); options
         left None take the broker's defaults. Idempotent: creating a stream that exists with
         the same config returns it. Raises StreamExists (another config),
         InvalidStreamConfig (a bad name, subject or value), NotEnoughReplicas. `group` is the
-        deprecated spelling of `ingest_group` (the load-balance group)."""
+        deprecated spelling of `ingest_group` (the load-balance group). `tiered`: the tiered
+        storage settings (`fragment_store`, `fragment_compression`, `local_retention_ms`,
+        `local_retention_bytes`, `fragment_store_retention`)."""
         if group is not None:
             warnings.warn("create_stream(group=...) is deprecated: use ingest_group=",
                           DeprecationWarning, stacklevel=2)
@@ -101,6 +104,7 @@ class StreamAdmin:
                    "delete_retention_ms": delete_retention_ms,
                    "duplicate_window_ms": duplicate_window_ms}
         config.update((k, v) for k, v in options.items() if v is not None)
+        config.update((k, v) for k, v in (tiered or {}).items() if v is not None)
         await self._router.admin(m.CreateStreamRequest(config), m.EmptyResponse)
         return await self.stream_info(name)
 
@@ -175,6 +179,31 @@ class StreamAdmin:
         answers = await asyncio.gather(*(ask(b) for b in brokers))
         return sorted((e for found in answers for e in found),
                       key=lambda e: (e.get("partition", -1), e["broker_id"]))
+
+    async def fragments(self, stream: str, partition: int = -1, *, prune: bool = False,
+                        before_offset: int = -1, before_ms: int = -1
+                        ) -> list[dict[str, Any]]:
+        """Each partition's (or one `partition`'s) fragments in its fragment store and its
+        extents, as its leader knows them. With `prune`, the leaders first delete the
+        history ending at or before `before_offset` (or modified before `before_ms`), in
+        the store and on their disks. Raises UnknownStream, InvalidStreamConfig (a prune of
+        a stream without a store), FragmentStoreUnavailable."""
+        info = await self._router.load_stream(stream)
+        wanted = [p.partition for p in info.partitions if partition in (-1, p.partition)]
+        if not wanted:
+            partition_of(info, partition)  # raises UnknownPartition
+
+        async def ask(p: int) -> dict[str, Any]:
+            request = m.FragmentsRequest(stream, p, prune, before_offset, before_ms)
+
+            async def call(conn: Any) -> m.FragmentsResponse:
+                return m.expect_response(await conn.request(request), m.FragmentsResponse)
+
+            answer = await self._router.with_leader(stream, p, call)
+            return {"partition": p, "broker_id": answer.broker_id, **answer.extents,
+                    "fragments": answer.fragments, "pruned": answer.pruned}
+
+        return list(await asyncio.gather(*(ask(p) for p in wanted)))
 
 
 def _option(value: AckPolicy | str | None) -> str | None:

@@ -113,6 +113,7 @@ class Op(enum.IntEnum):
     REPLICA_RANGE = 22
     SCRUB = 23
     REPLICA_FETCH = 24
+    FRAGMENTS = 25
 
 
 _KINDS = frozenset(int(k) for k in Kind)

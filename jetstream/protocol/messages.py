@@ -54,6 +54,7 @@ from jetstream.protocol.fields import (
     PARTITION_MAX,
     PORT_MAX,
 )
+from jetstream.protocol.fragments import FragmentsRequest, FragmentsResponse
 from jetstream.protocol.groups import (
     DescribeGroupRequest,
     DescribeGroupResponse,
@@ -146,6 +147,8 @@ __all__ = [
     "FetchResponse",
     "FindCoordinatorRequest",
     "FindCoordinatorResponse",
+    "FragmentsRequest",
+    "FragmentsResponse",
     "GetRequest",
     "GetResponse",
     "GroupHeartbeatRequest",

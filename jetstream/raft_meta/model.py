@@ -9,6 +9,7 @@ clients without a schema of their own.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -18,6 +19,8 @@ from jetstream.errors import InvalidConfig, InvalidStreamConfig
 from jetstream.protocol import names
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.stream.config import FsyncPolicy, LogConfig, MiB
+from jetstream.tiered import settings as tiered
+from jetstream.tiered.names import Compression
 
 #: Most partitions per stream and the largest replication factor.
 PARTITIONS_MAX = 1024
@@ -30,7 +33,7 @@ UPDATABLE_FIELDS = frozenset({
     "retention_messages", "segment_bytes_max", "segment_ms_max", "max_message_bytes",
     "cleanup_policy", "min_cleanable_dirty_ratio", "min_compaction_lag_ms",
     "max_compaction_lag_ms", "delete_retention_ms", "duplicate_window_ms",
-})
+}) | tiered.FIELDS
 #: The longest message id dedupe window a stream may have.
 DUPLICATE_WINDOW_MS_MAX = 7 * DAY_MS
 
@@ -60,6 +63,12 @@ class StreamConfig:
     delete_retention_ms: int = DAY_MS
     #: How long a message id (and an idempotent producer) is remembered after its publish.
     duplicate_window_ms: int = 120_000
+    # Tiered storage (jetstream.tiered.settings).
+    fragment_store: str | None = None
+    fragment_compression: Compression = Compression.NONE
+    local_retention_ms: int | None = None
+    local_retention_bytes: int | None = None
+    fragment_store_retention: tiered.StoreRetention = tiered.StoreRetention.DELETE
 
     def __post_init__(self) -> None:
         names.check_stream_name(self.name)
@@ -72,8 +81,10 @@ class StreamConfig:
         _int(self, "min_isr", 1, self.replication_factor)
         _int(self, "max_message_bytes", 64, MESSAGE_BYTES_MAX)
         _int(self, "duplicate_window_ms", 1, DUPLICATE_WINDOW_MS_MAX)
-        for name, enum_type in (("ack_policy", AckPolicy), ("fsync", FsyncPolicy),
-                                ("cleanup_policy", CleanupPolicy)):
+        enums: tuple[tuple[str, type[enum.Enum]], ...] = (
+            ("ack_policy", AckPolicy), ("fsync", FsyncPolicy), ("cleanup_policy", CleanupPolicy),
+            *tiered.ENUM_FIELDS)
+        for name, enum_type in enums:
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, enum_type(value))
@@ -81,6 +92,7 @@ class StreamConfig:
                 raise InvalidStreamConfig(
                     f"{name} must be one of {[m.value for m in enum_type]}, got {value!r}",
                     field=name) from None
+        tiered.check(self)
         try:
             self._log_config(retention=True)  # retention values are checked whatever the policy
             self.compaction_config()
@@ -137,6 +149,8 @@ class StreamConfig:
         out["ack_policy"] = self.ack_policy.value
         out["fsync"] = self.fsync.value
         out["cleanup_policy"] = self.cleanup_policy.value
+        out["fragment_compression"] = self.fragment_compression.value
+        out["fragment_store_retention"] = self.fragment_store_retention.value
         return out
 
     @classmethod

@@ -37,12 +37,14 @@ from jetstream.server.config import BrokerConfig
 from jetstream.server.coordinator import Coordinators
 from jetstream.server.disk import DiskMonitor
 from jetstream.server.files import OpenFiles
+from jetstream.server.fragments_api import FragmentsService
 from jetstream.server.integrity import Integrity
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics, render
 from jetstream.server.nats_port import NatsPort
 from jetstream.server.partition import PartitionLeader
 from jetstream.server.roles import Roles
+from jetstream.tiered.partition_tier import PartitionTier
 
 
 class Admin:
@@ -66,6 +68,7 @@ class Admin:
         self._cleaner = cleaner
         self._kv = kv
         self._coordinators = coordinators
+        self.fragments = FragmentsService(config, roles)
 
     @property
     def broker_id(self) -> int:
@@ -141,9 +144,12 @@ class Admin:
             leader = self._roles.leaders.get((name, p.partition))
             if leader is not None:
                 entry.update(high_watermark=leader.high_watermark,
-                             log_start_offset=leader.log.log_start_offset,
+                             log_start_offset=leader.read_start_offset,
+                             local_log_start_offset=leader.log.log_start_offset,
                              log_end_offset=leader.log.log_end_offset,
                              replica_end_offsets=_replica_end_offsets(leader))
+                if leader.tier is not None:
+                    entry["stored"] = leader.tier.describe(leader.log)
             partitions.append(entry)
         held_here = {k for k, _s, _log, _hw in self._roles.replicas() if k[0] == name}
         for entry in partitions:
@@ -209,7 +215,14 @@ class Admin:
         insecure = insecure_listeners(self._config, self._config.insecure)
         if insecure is not None:
             health["insecure"] = insecure
+        stores = self._roles.tiering.warnings(self._tiers())
+        if stores:
+            health["fragment_store_warnings"] = stores
         return health
+
+    def _tiers(self) -> list[PartitionTier]:
+        return [leader.tier for leader in self._roles.leaders.values()
+                if leader.tier is not None]
 
     def render_metrics(self, high_watermarks: Mapping[tuple[str, int], int]) -> str:
         leaders = self._roles.leaders
@@ -221,6 +234,7 @@ class Admin:
         if self._files is not None:
             disk += self._files.render_metrics()
         disk += self._roles.render_metrics()
+        disk += self._roles.tiering.render_metrics(self._tiers())
         if self._cluster is not None:
             disk += self._cluster.render_metrics()
         return (render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
@@ -246,6 +260,9 @@ class Admin:
 
     async def on_list_streams(self, request: m.ListStreamsRequest) -> m.ListStreamsResponse:
         return m.ListStreamsResponse(self.describe_streams(internal=request.internal))
+
+    async def on_fragments(self, request: m.FragmentsRequest) -> m.FragmentsResponse:
+        return await self.fragments.handle(request)
 
     async def on_scrub(self, request: m.ScrubRequest) -> m.ScrubResponse:
         if request.stream not in self._metadata.state.streams:

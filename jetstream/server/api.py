@@ -126,6 +126,10 @@ class HttpServices(Protocol):
         """Live keys of a compacted stream's partition."""
         ...
 
+    async def on_fragments(self, request: m.FragmentsRequest) -> m.FragmentsResponse:
+        """A partition's fragments and extents (a prune first, if asked) at its leader."""
+        ...
+
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
         """This broker's leader of the partition, else UnknownStream, UnknownPartition or
         NotLeader."""

@@ -260,6 +260,7 @@ class Broker:
             on(m.ReplicaFetchRequest, roles.sessions.fetch),
             on(m.ReplicaRangeRequest, admin.integrity.replica_range),
             on(m.ScrubRequest, admin.on_scrub),
+            on(m.FragmentsRequest, admin.on_fragments),
             on(m.MetadataRequest, admin.on_metadata),
             on(m.ListStreamsRequest, admin.on_list_streams),
             on(m.CreateStreamRequest, admin.on_create_stream),

@@ -171,6 +171,12 @@ class BrokerConfig:
     tls_handshake_timeout_ms: int = 10_000
     #: Most connections the HTTP API serves at once; past it, 503 answers.
     http_connections_max: int = 1024
+    #: Tiered storage (streams with a `fragment_store`): bytes of downloaded fragments kept
+    #: in `<data_dir>/fragment-cache`, how often a leader lists its partition's fragments,
+    #: and the longest backoff between offload passes while the store fails.
+    fragment_cache_bytes_max: int = 1024 * MiB
+    fragment_list_interval_ms: int = 60_000
+    fragment_backoff_ms_max: int = 30_000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -232,6 +238,9 @@ class BrokerConfig:
         _range(self, "replica_fetch_wait_ms", 0, 60_000)
         _range(self, "replica_fetch_bytes_max", 1024, 256 * MiB)
         _range(self, "broker_timeout_ms", 10, 3_600_000)
+        _range(self, "fragment_cache_bytes_max", 1 * MiB, 1024 * 1024 * MiB)
+        _range(self, "fragment_list_interval_ms", 100, 86_400_000)
+        _range(self, "fragment_backoff_ms_max", 100, 3_600_000)
         members = self.cluster_members  # parses and checks `cluster`
         if members and self.broker_id not in members:
             raise InvalidConfig(f"cluster does not name this broker ({self.broker_id})",

@@ -62,10 +62,12 @@ class Reads:
             piece = await leader.read(request.offset, max_bytes, wait_ms,
                                       verify=request.verify)
         leader.metrics.fetched_bytes += piece.length
+        # A replica copies the local log only; a consumer may read the fragment store too.
+        start = (leader.log.log_start_offset if request.isolation == "uncommitted"
+                 else leader.read_start_offset)
         response = m.FetchResponse(
-            request.stream, request.partition, leader.high_watermark,
-            leader.log.log_start_offset, leader.log.log_end_offset, piece.next_offset,
-            leader.state.leader_epoch)
+            request.stream, request.partition, leader.high_watermark, start,
+            leader.log.log_end_offset, piece.next_offset, leader.state.leader_epoch)
         return response, piece
 
     async def _fetch_from_follower(self, follower: PartitionFollower, request: m.FetchRequest
@@ -86,7 +88,7 @@ class Reads:
                                    ) -> m.OffsetForTimestampResponse:
         leader = self._roles.leader_for(request.stream, request.partition)
         if request.timestamp_ms == m.EARLIEST_TIMESTAMP:
-            return m.OffsetForTimestampResponse(leader.log.log_start_offset)
+            return m.OffsetForTimestampResponse(leader.read_start_offset)
         if request.timestamp_ms == m.LATEST_TIMESTAMP:
             return m.OffsetForTimestampResponse(leader.high_watermark)
         offset = leader.log.offset_for_timestamp(request.timestamp_ms)

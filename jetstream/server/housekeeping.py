@@ -17,9 +17,12 @@ scheduled while nothing happens:
   of the HW, a stream update or a roll by the log cleaner, when the log has more than one
   segment (retention only deletes sealed ones); after a check, when the oldest sealed segment
   left will be older than `retention_ms`, and never sooner than `retention_check_ms`.
+- Offload (a stream with a `fragment_store`, jetstream.tiered.offload): at once when the
+  leader starts, shortly after its segments change, after each pass when the tier says
+  (the listing interval, or a backoff while the store fails).
 An idle partition therefore costs no wake-up and no executor call, except an ISR tick per
-`replica_lag_ms_max` while followers are in its ISR, and a retention check when its oldest
-sealed segment expires.
+`replica_lag_ms_max` while followers are in its ISR, a retention check when its oldest
+sealed segment expires, and one offload pass per listing interval with a fragment store.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from jetstream.server.scheduler import Outcome, Scheduler, Work
 from jetstream.stream import retention
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.log import Log, wall_clock_ms
+from jetstream.tiered.partition_tier import PartitionTier
+from jetstream.tiered.planner import TotalRetention
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +76,10 @@ class Housekeeping:
 
     def __init__(self, leader: Leader, scheduler: Scheduler, config: BrokerConfig,
                  tick: Callable[[int], Awaitable[None]], *,
-                 wall_clock: Callable[[], int] = wall_clock_ms) -> None:
+                 wall_clock: Callable[[], int] = wall_clock_ms,
+                 tier: PartitionTier | None = None) -> None:
         self._leader = leader
+        self._tier = tier
         self._wall_clock = wall_clock
         self._scheduler = scheduler
         self._checkpoint_ms = config.checkpoint_interval_ms
@@ -97,6 +104,8 @@ class Housekeeping:
         if self._leader.high_watermark > self._checkpointed_hw:
             self.high_watermark_moved()
         self.segments_changed()
+        if self._tier is not None:
+            self._scheduler.at(self, Work.OFFLOAD, self._scheduler.now_ms())
 
     def stop(self) -> None:
         """Nothing more is scheduled (a batch under way finishes without effect)."""
@@ -133,6 +142,11 @@ class Housekeeping:
         changed or a segment was rolled. Checked `retention_check_ms` from now, if the log has
         a sealed segment and no check is due already."""
         log_ = self._leader.log
+        tier = self._tier
+        if tier is not None and not self._stopped and tier.wants_pass(
+                len(log_.segment_base_offsets), self._leader.high_watermark):
+            self._scheduler.at(self, Work.OFFLOAD, self._scheduler.now_ms()
+                               + tier.offload_delay_ms)
         if (self._stopped or not retention.has_limits(log_.config)
                 or self._scheduler.due_at(self, Work.RETENTION) is not None
                 or len(log_.segment_base_offsets) < 2):
@@ -157,6 +171,12 @@ class Housekeeping:
             return partial(log_.sync_through, log_.log_end_offset)
         if work is Work.RETENTION:
             return partial(_retention_pass, log_, self._leader.high_watermark, self._wall_clock)
+        if work is Work.OFFLOAD and self._tier is not None:
+            cfg = log_.config
+            return self._tier.prepare(
+                log_, self._leader.high_watermark,
+                TotalRetention(cfg.retention_ms, cfg.retention_bytes, cfg.retention_messages),
+                now_ms, self._wall_clock())
         return None  # the ISR tick runs on the loop, in `finish`
 
     async def finish(self, work: Work, outcome: Outcome, now_ms: int) -> None:
@@ -175,6 +195,11 @@ class Housekeeping:
                 self._scheduler.at(self, work, now_ms + log_.config.fsync_interval_ms)
         elif work is Work.RETENTION:
             self._retention_done(outcome, now_ms)
+        elif work is Work.OFFLOAD and self._tier is not None:
+            due, deleted = self._tier.finish(outcome, now_ms)
+            self._scheduler.at(self, Work.OFFLOAD, due)
+            if deleted:
+                self._leader.log_start_moved()
 
     def _retention_done(self, outcome: Outcome, now_ms: int) -> None:
         if not isinstance(outcome, tuple):  # it failed

@@ -65,6 +65,8 @@ START_TIMEOUT_S = 10.0
 
 _STATUS = {
     "UNKNOWN_STREAM": 404,
+    "FRAGMENT_STORE_UNAVAILABLE": 503,
+    "CORRUPT_FRAGMENT": 502,
     "KEY_NOT_FOUND": 404,
     "NOT_COMPACTED": 400,
     "OFFSET_NOT_INDEXED": 503,
@@ -339,6 +341,22 @@ def build_app(services: HttpServices, broker_client: BrokerClient) -> FastAPI:
     async def delete_stream(name: str) -> Response:
         await services.delete_stream(name)
         return Response(status_code=204)
+
+    @app.get("/streams/{name}/partitions/{partition}/fragments",
+             responses=_errors(400, 404, 503))
+    async def list_fragments(name: str, partition: int) -> dict[str, Any]:
+        answer = await services.on_fragments(m.FragmentsRequest(name, partition))
+        return {"extents": answer.extents, "fragments": answer.fragments}
+
+    @app.post("/streams/{name}/partitions/{partition}/fragments/prune",
+              responses=_errors(400, 404, 503))
+    async def prune_fragments(name: str, partition: int,
+                              before_offset: int = Query(-1, ge=-1),
+                              before_ms: int = Query(-1, ge=-1)) -> dict[str, Any]:
+        answer = await services.on_fragments(m.FragmentsRequest(
+            name, partition, prune=True, before_offset=before_offset, before_ms=before_ms))
+        return {"pruned": answer.pruned, "extents": answer.extents,
+                "fragments": answer.fragments}
 
     @app.get("/streams/{name}/partitions/{partition}/messages",
              responses=_errors(400, 404, 416, 503))

@@ -93,6 +93,7 @@ from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.format import Record
 from jetstream.stream.log import AppendInfo, Log
 from jetstream.tasks import cancel_and_wait
+from jetstream.tiered.partition_tier import PartitionTier
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,12 @@ class PartitionLeader:
         disk: DiskMonitor | None = None,
         read_around: ReadAround | None = None,
         sessions: SessionWatch | None = None,
+        tier: PartitionTier | None = None,
     ) -> None:
         self.stream = stream
+        #: Tiered storage (a stream with a `fragment_store`): offload and reads from the store.
+        self.tier = tier
+        self._tier_ready = asyncio.Event()
         self._disk = disk
         self._read_around = read_around
         self._sessions = sessions
@@ -193,7 +198,7 @@ class PartitionLeader:
         self._tasks: list[asyncio.Task[None]] = []
         self._proposals: set[asyncio.Task[None]] = set()
         self._scheduler = scheduler
-        self._housekeeping = Housekeeping(self, scheduler, config, self._tick)
+        self._housekeeping = Housekeeping(self, scheduler, config, self._tick, tier=tier)
         self._stopping = False
         self.guarded = PartitionGuard(stream, config)
 
@@ -204,6 +209,7 @@ class PartitionLeader:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._open_tier(), name=f"tier {self.name}"))
         await self.guarded.load(self.log, self._executor)
         if self._replication is not None:
             self._start_replication(self._replication)
@@ -289,9 +295,30 @@ class PartitionLeader:
 
     # -- ingest -------------------------------------------------------------------------------
 
+    async def _open_tier(self) -> None:
+        """A broker on an empty disk: the log starts after the history the fragment store
+        holds, before anything is appended (offsets are never reused)."""
+        try:
+            log_ = self.log
+            if (self.tier is not None and self._replication is None
+                    and log_.log_start_offset == log_.log_end_offset
+                    and await self.tier.open_log(log_, lambda: self._stopping)):
+                self.high_watermark = self._durable_end = log_.log_end_offset
+                self.metrics.high_watermark = self.high_watermark
+        finally:
+            self._tier_ready.set()
+
+    @property
+    def read_start_offset(self) -> int:
+        """The first offset a consumer can read: in the fragment store, or on disk."""
+        if self.tier is None:
+            return self.log.log_start_offset
+        return self.tier.start_offset(self.log)
+
     async def _ingest_loop(self) -> None:
         assert self._sub is not None
         sub = self._sub
+        await self._tier_ready.wait()
         records_max = self._config.ingest_batch_records_max
         bytes_max = self._config.ingest_batch_bytes_max
         while True:
@@ -413,6 +440,7 @@ class PartitionLeader:
                 raise RecordTooLarge(size, self.stream.max_message_bytes)
         if policy is _ALL and self._refuse_all():
             raise self._not_enough_replicas()
+        await self._tier_ready.wait()
         if self._stopping or (expect is not None and self.guarded.guard is None):
             raise NotLeader(self.stream.name, self.state.partition)  # not (yet) leading
         await self._wait_for_room()
@@ -593,6 +621,9 @@ class PartitionLeader:
 
     async def _read_log(self, offset: int, max_bytes: int, bound: int, skip_empty: bool,
                         verify: bool) -> FileSlice:
+        if skip_empty and self.tier is not None and offset < self.log.log_start_offset:
+            # A consumer's read of offloaded offsets (a replica copies only what is local).
+            return await self.tier.read(offset, max_bytes, bound, self.log)
         try:
             return self.log.read(offset, max_bytes, upper_bound=bound, skip_empty=skip_empty,
                                  verify=verify)

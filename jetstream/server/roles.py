@@ -63,6 +63,9 @@ from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.dir_lock import LOGS_LOCK_FILE, DirLock
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
+from jetstream.tiered.partition_tier import TierConfig
+from jetstream.tiered.service import Tiering
+from jetstream.tiered.settings import settings_of
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +145,10 @@ class Roles:
         self.damage_found: Callable[[PartitionKey], None] | None = None
         #: As a leader: the fetch sessions of the brokers following here.
         self.sessions = FetchSessions(self.leaders.get)
+        #: Tiered storage of the partitions led here (streams with a `fragment_store`).
+        self.tiering = Tiering(data_dir, config.fragment_cache_bytes_max, pool, executor,
+                               TierConfig(list_interval_ms=config.fragment_list_interval_ms,
+                                          backoff_ms_max=config.fragment_backoff_ms_max))
         #: As a follower: this broker's fetch session at each leader broker.
         self.fetchers = ReplicaFetchers(
             config, cluster.address_of if cluster is not None else _no_address, disk)
@@ -252,6 +259,7 @@ class Roles:
             for key in list(self._logs):
                 self._logs.pop(key).close()
             self._logs_lock.release()
+            await self.tiering.close()
 
     # -- lookups ----------------------------------------------------------------------------
 
@@ -415,8 +423,10 @@ class Roles:
             stream = streams.get(key[0])
             if leader is None or stream is None or stream == leader.stream:
                 continue
-            if (stream.fsync, stream.fsync_interval_ms) != (leader.stream.fsync,
-                                                            leader.stream.fsync_interval_ms):
+            if (stream.fsync, stream.fsync_interval_ms, settings_of(stream)) != (
+                    leader.stream.fsync, leader.stream.fsync_interval_ms,
+                    settings_of(leader.stream)):
+                # The sync loop and the tier follow the settings the leader started with.
                 await self._stop_leader(key)  # started again below, by the same reconcile
             else:
                 leader.reconfigure(stream)
@@ -445,7 +455,8 @@ class Roles:
         leader = PartitionLeader(stream, partition, self._open_log(stream, partition),
                                  self._nats, self._config, self._executor, PartitionMetrics(),
                                  self.scheduler, self._replication(partition), self._disk,
-                                 self.read_around, self.sessions)
+                                 self.read_around, self.sessions,
+                                 self.tiering.tier_for(stream, partition.partition))
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
         key = (stream.name, partition.partition)

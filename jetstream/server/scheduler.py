@@ -45,6 +45,7 @@ class Work(enum.StrEnum):
     FSYNC = "fsync"
     CHECKPOINT = "checkpoint"
     RETENTION = "retention"
+    OFFLOAD = "offload"
 
 
 #: What a job's blocking part returns, or the exception it raised.

@@ -532,14 +532,29 @@ class Log(LogIntegrity):
             limit = self.log_end_offset if max_offset is None else max_offset
             count = retention.expired_count(list(self._segments), self.config, now,
                                             self.log_end_offset, limit)
-            deleted: list[int] = []
-            for _ in range(count):
-                oldest = self._segments.pop_oldest()
-                oldest.delete()
-                deleted.append(oldest.base_offset)
-            if deleted:
-                self.epochs.truncate_from_start(self.log_start_offset)
-            return deleted
+            return self._delete_oldest(count)
+
+    def delete_segments_below(self, offset: int) -> list[int]:
+        """Delete the oldest sealed segments that end at or before `offset` (their offsets
+        are held, verified, in a fragment store, or were pruned); never the active segment.
+        Returns the base offsets deleted."""
+        with self._lock:
+            self._check_open()
+            count = 0
+            while (count < len(self._segments) - 1
+                   and self._segments[count].next_offset <= offset):
+                count += 1
+            return self._delete_oldest(count)
+
+    def _delete_oldest(self, count: int) -> list[int]:
+        deleted: list[int] = []
+        for _ in range(count):
+            oldest = self._segments.pop_oldest()
+            oldest.delete()
+            deleted.append(oldest.base_offset)
+        if deleted:
+            self.epochs.truncate_from_start(self.log_start_offset)
+        return deleted
 
     def reconfigure(self, config: LogConfig) -> None:
         """Apply new settings (a stream update): retention, segment sizes and ages, fsync

@@ -382,7 +382,8 @@ async def test_idle_partitions_cost_the_scheduler_nothing(tmp_path: Path, nats_u
     finally:
         broker.stop()
     assert {key: after[key] - before[key] for key in after if key.startswith("runs:")} == {
-        "runs:isr_tick": 0, "runs:fsync": 0, "runs:checkpoint": 1, "runs:retention": 0}
+        "runs:isr_tick": 0, "runs:fsync": 0, "runs:checkpoint": 1, "runs:retention": 0,
+        "runs:offload": 0}
     assert after["executor_calls"] - before["executor_calls"] == 1
     # Woken when the checkpoint was scheduled, when it was due, and when its batch ended.
     assert after["wakeups"] - before["wakeups"] <= 3

@@ -1,0 +1,169 @@
+"""The fragment index of one partition: what the store holds, from its listings.
+
+Theory of operation (Gazette's fragment index): the store's listing is the truth about what
+exists there. Each listing replaces what the index holds, so fragments a bucket lifecycle
+rule or a prune removed leave it, and fragments another writer uploaded (a previous leader,
+another cluster) join it. Fragments this broker uploaded and verified since a listing began
+are kept over that listing (it may have been taken before they landed).
+
+Overlapping fragments (two leaders uploaded different ranges of the same committed offsets,
+which are byte-identical on every replica) are resolved by offset coverage, never by reading
+them: fragments are ordered by first offset and, for the same first offset, the longest
+first; a fragment whose range lies inside what the ones before it cover adds nothing and is
+`redundant`. A read of an offset takes the fragment covering it that reaches furthest.
+
+Local segments are merged in by the reader: offsets at or past the local log start are read
+from disk, the rest from here. Pure: no IO, no clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from jetstream.tiered.names import FragmentName
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFragment:
+    """A fragment as the store lists it: its name, its stored (maybe compressed) size and
+    when it was last modified there (ms since the Unix epoch)."""
+
+    name: FragmentName
+    size_bytes: int
+    modified_ms: int
+
+    @property
+    def begin(self) -> int:
+        return self.name.begin
+
+    @property
+    def end(self) -> int:
+        return self.name.end
+
+
+def resolve(fragments: Iterable[StoredFragment]) -> tuple[list[StoredFragment],
+                                                           list[StoredFragment]]:
+    """(useful, redundant): the fragments that add coverage, in offset order, and those
+    whose whole range the useful ones before them already cover."""
+    ordered = sorted(fragments, key=lambda f: (f.begin, -f.end, f.name.sha256))
+    useful: list[StoredFragment] = []
+    redundant: list[StoredFragment] = []
+    reach = -1
+    for fragment in ordered:
+        if fragment.end <= reach:
+            redundant.append(fragment)
+        else:
+            useful.append(fragment)
+            reach = fragment.end
+    return useful, redundant
+
+
+class FragmentIndex:
+    """See the module docstring."""
+
+    def __init__(self, fragments: Iterable[StoredFragment] = ()) -> None:
+        self._all: dict[FragmentName, StoredFragment] = {f.name: f for f in fragments}
+        #: name -> the generation it was added at by this broker (kept over older listings).
+        self._added: dict[FragmentName, int] = {}
+        self._generation = 0
+        self._useful: list[StoredFragment] = []
+        self._redundant: list[StoredFragment] = []
+        self._begins: list[int] = []
+        self._resolve()
+
+    # -- changes ------------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """Pass this to `replace_listing` for a listing that begins now."""
+        return self._generation
+
+    def replace_listing(self, listed: Iterable[StoredFragment], since_generation: int) -> None:
+        """The store listed `listed` in a listing begun at `since_generation`: it replaces
+        what the index holds, except fragments added here after the listing began."""
+        fresh = {f.name: f for f in listed}
+        for name, generation in list(self._added.items()):
+            if generation > since_generation and name not in fresh:
+                fresh[name] = self._all[name]
+            elif name in fresh or generation <= since_generation:
+                del self._added[name]
+        self._all = fresh
+        self._resolve()
+
+    def add(self, fragment: StoredFragment) -> None:
+        """This broker verified `fragment` in the store."""
+        self._generation += 1
+        self._all[fragment.name] = fragment
+        self._added[fragment.name] = self._generation
+        self._resolve()
+
+    def remove(self, names: Iterable[FragmentName]) -> None:
+        """These fragments were deleted from the store (retention, prune)."""
+        for name in names:
+            self._all.pop(name, None)
+            self._added.pop(name, None)
+        self._resolve()
+
+    def _resolve(self) -> None:
+        self._useful, self._redundant = resolve(self._all.values())
+        self._begins = [f.begin for f in self._useful]
+
+    # -- queries ------------------------------------------------------------------------------
+
+    @property
+    def fragments(self) -> list[StoredFragment]:
+        """The useful fragments, in offset order."""
+        return list(self._useful)
+
+    @property
+    def redundant(self) -> list[StoredFragment]:
+        return list(self._redundant)
+
+    def all(self) -> list[StoredFragment]:
+        """Every fragment listed, useful or not, in offset order."""
+        return sorted(self._all.values(), key=lambda f: (f.begin, -f.end, f.name.sha256))
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    @property
+    def size_bytes(self) -> int:
+        """Stored bytes of every fragment listed."""
+        return sum(f.size_bytes for f in self._all.values())
+
+    def covering(self, offset: int) -> StoredFragment | None:
+        """The fragment holding `offset` that reaches furthest, or None."""
+        i = bisect.bisect_right(self._begins, offset) - 1
+        best: StoredFragment | None = None
+        # Useful fragments have rising ends too, so the last one starting at or below the
+        # offset reaches furthest; if it ends before the offset, none covers it.
+        if i >= 0 and self._useful[i].end > offset:
+            best = self._useful[i]
+        return best
+
+    def covers(self, begin: int, end: int) -> bool:
+        """Whether every offset of [begin, end) is in some fragment."""
+        at = begin
+        while at < end:
+            fragment = self.covering(at)
+            if fragment is None:
+                return False
+            at = fragment.end
+        return True
+
+    def start_offset(self, upper: int) -> int:
+        """The lowest offset from which the fragments cover every offset up to `upper` (the
+        local log start): `upper` itself when no fragment ends at or past it."""
+        at = upper
+        i = bisect.bisect_left(self._begins, at) - 1
+        while i >= 0 and self._useful[i].end >= at:
+            at = self._useful[i].begin
+            i -= 1
+        return at
+
+    @property
+    def end_offset(self) -> int | None:
+        """The end of the furthest fragment (None when the store holds none)."""
+        return self._useful[-1].end if self._useful else None

@@ -1,0 +1,305 @@
+"""The tiered storage of one partition led here: its fragment index, offload and store reads.
+
+Theory of operation: a partition leader whose stream has a `fragment_store` owns one
+PartitionTier. It holds the fragment index (jetstream.tiered.index), the set of fragments
+verified by this broker, the offload's metrics and the store's health as the last pass saw
+it. The leader's housekeeping asks it for the blocking part of an offload pass (`prepare`,
+jetstream.tiered.offload) and hands it the outcome (`finish`), which says when the next pass
+is due: after a listing interval, at once while uploads remain, or after a backoff doubling
+up to `backoff_ms_max` while the store fails. Reads below the local log start come here
+(`read`) and are served from the fragment cache (jetstream.tiered.reader).
+
+A leader that starts on an empty log (a broker given an empty disk) must not take offsets the
+store already holds: `open_log` lists the store first (retrying while it is down) and starts
+the log at the end of what the store holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from obstore.exceptions import NotFoundError
+
+from jetstream.errors import FragmentStoreUnavailable, OffsetOutOfRange
+from jetstream.stream.file_slice import FileSlice
+from jetstream.stream.log import Log
+from jetstream.tiered import offload
+from jetstream.tiered.index import FragmentIndex, StoredFragment
+from jetstream.tiered.names import FragmentName
+from jetstream.tiered.offload import PassInput, PassResult, StepHook, TierMetrics
+from jetstream.tiered.planner import (
+    LocalRetention,
+    TotalRetention,
+    cut_for_time,
+    fragments_below,
+    plan_offload,
+)
+from jetstream.tiered.reader import FragmentCache
+from jetstream.tiered.settings import TieredSettings
+from jetstream.tiered.store import FragmentStore, StoreRegistry
+
+log = logging.getLogger(__name__)
+
+#: Fragments fetched ahead of a reader catching up from the store.
+READ_AHEAD_FRAGMENTS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """The broker's tiered-storage settings (jetstream.server.config)."""
+
+    list_interval_ms: int = 60_000
+    backoff_ms_min: int = 500
+    backoff_ms_max: int = 30_000
+    #: A pass soon after a segment is sealed, so uploads follow rolls closely.
+    offload_delay_ms: int = 200
+
+
+class PartitionTier:
+    """See the module docstring."""
+
+    def __init__(self, stream: str, partition: int, settings: TieredSettings,
+                 stores: StoreRegistry, cache: FragmentCache, config: TierConfig,
+                 executor: Executor | None, hook: StepHook | None = None) -> None:
+        self.stream = stream
+        self.partition = partition
+        self.settings = settings
+        self._stores = stores
+        self._cache = cache
+        self._config = config
+        self._executor = executor
+        self._hook = hook
+        self.index = FragmentIndex()
+        self.verified: set[FragmentName] = set()
+        self.metrics = TierMetrics()
+        self.listed = False
+        self._next_list_ms = 0
+        self._generation = 0
+        #: What the last pass saw: the log's segment count, and the end of its newest sealed
+        #: segment while that was not yet committed (a pass is due once it is).
+        self._segments_seen = 0
+        self._sealed_end_waiting: int | None = None
+        self._failures = 0
+        #: The store's last error (None: the last pass went through).
+        self.store_error: FragmentStoreUnavailable | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.stream, self.partition
+
+    def store(self) -> FragmentStore:
+        return self._stores.get(self.settings.fragment_store)
+
+    # -- offload (driven by housekeeping) ----------------------------------------------------
+
+    @property
+    def offload_delay_ms(self) -> int:
+        return self._config.offload_delay_ms
+
+    def wants_pass(self, segment_count: int, high_watermark: int) -> bool:
+        """Whether a pass may have work since the last one: a segment was sealed (or
+        deleted), or the HW passed the end of a sealed segment that was not committed."""
+        waiting = self._sealed_end_waiting
+        return segment_count != self._segments_seen or (
+            waiting is not None and high_watermark >= waiting)
+
+    def prepare(self, log_: Log, high_watermark: int, total: TotalRetention, now_ms: int,
+                wall_ms: int) -> Callable[[], PassResult]:
+        """The blocking part of the next pass (`now_ms`: the scheduler's clock, for the
+        listing interval; `wall_ms`: the wall clock, for retention by age)."""
+        bases = log_.segment_base_offsets
+        self._segments_seen = len(bases)
+        sealed_end = bases[-1]  # the active segment's base: where the sealed ones end
+        self._sealed_end_waiting = sealed_end if sealed_end > high_watermark else None
+        self._generation = self.index.generation
+        # The backlog as of now, whether the store answers this pass or not.
+        sealed, active_bytes = offload.sealed_infos(log_)
+        self.metrics.backlog_bytes = plan_offload(
+            sealed, active_bytes, high_watermark, self.index, LocalRetention(None, None),
+            wall_ms).backlog_bytes
+        task = PassInput(self.settings, self.stream, self.partition, high_watermark,
+                         tuple(self.index.all()), frozenset(self.verified),
+                         list_now=not self.listed or now_ms >= self._next_list_ms,
+                         generation=self.index.generation, total_retention=total,
+                         now_ms=wall_ms)
+        return partial(self._run, log_, task)
+
+    def _run(self, log_: Log, task: PassInput) -> PassResult:
+        return offload.run_pass(self.store(), log_, task, self._hook)
+
+    def finish(self, outcome: object, now_ms: int) -> tuple[int, bool]:
+        """Apply a pass's outcome: (when the next pass is due, whether local segments were
+        deleted)."""
+        if not isinstance(outcome, PassResult):
+            self._failed(outcome)
+            self.metrics.failed_passes += 1
+            backoff = min(self._config.backoff_ms_max,
+                          self._config.backoff_ms_min << min(self._failures, 16))
+            self._failures += 1
+            return now_ms + backoff, False
+        self._failures = 0
+        self.store_error = None
+        self.apply(outcome, self._generation, now_ms)
+        uploads_left = outcome.backlog_bytes > 0
+        due = now_ms + (self._config.offload_delay_ms if uploads_left
+                        else self._config.list_interval_ms)
+        return due, bool(outcome.local_deleted)
+
+    def apply(self, result: PassResult, generation: int, now_ms: int) -> None:
+        if result.listed is not None:
+            self.index.replace_listing(result.listed, generation)
+            self.verified &= {f.name for f in result.listed} | {f.name for f in
+                                                                result.uploaded}
+            self.listed = True
+            self._next_list_ms = now_ms + self._config.list_interval_ms
+        for fragment in result.uploaded:
+            self.index.add(fragment)
+            self.metrics.uploaded_fragments += 1
+            self.metrics.uploaded_bytes += fragment.size_bytes
+        self.verified |= {f.name for f in result.uploaded} | result.verified
+        if result.deleted_fragments:
+            self.index.remove(f.name for f in result.deleted_fragments)
+            self.verified -= {f.name for f in result.deleted_fragments}
+            self.metrics.store_fragments_deleted += len(result.deleted_fragments)
+        self.metrics.local_segments_deleted += len(result.local_deleted)
+        self.metrics.backlog_bytes = max(0, result.backlog_bytes)
+
+    def _failed(self, outcome: object) -> None:
+        if isinstance(outcome, FragmentStoreUnavailable):
+            self.store_error = outcome
+        else:
+            self.store_error = FragmentStoreUnavailable(self.settings.fragment_store,
+                                                        f"offload failed: {outcome}")
+        # (housekeeping logs the failure)
+
+    # -- a leader on an empty log ----------------------------------------------------------------
+
+    async def open_log(self, log_: Log, stopping: Callable[[], bool]) -> bool:
+        """List the store until it answers; when the log is empty and the store holds
+        offsets at or past its end, start the log at the store's end. True when it moved."""
+        loop = asyncio.get_running_loop()
+        delay_ms = self._config.backoff_ms_min
+        while not stopping():
+            generation = self.index.generation
+            try:
+                listed = await loop.run_in_executor(
+                    self._executor, lambda: self.store().list_partition(self.stream,
+                                                                        self.partition))
+            except FragmentStoreUnavailable as exc:
+                self.store_error = exc
+                log.warning("%s/%d waits for its fragment store to start: %s", self.stream,
+                            self.partition, exc)
+                await asyncio.sleep(delay_ms / 1000)
+                delay_ms = min(self._config.backoff_ms_max, delay_ms * 2)
+                continue
+            self.store_error = None
+            self.apply(PassResult(listed=listed), generation, _monotonic_ms())
+            end = self.index.end_offset
+            if (end is not None and log_.log_start_offset == log_.log_end_offset
+                    and end > log_.log_end_offset):
+                await loop.run_in_executor(self._executor, log_.truncate_fully_and_start_at,
+                                           end)
+                log.info("%s/%d: empty log starts at %d, after the store's history",
+                         self.stream, self.partition, end)
+                return True
+            return False
+        return False
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def start_offset(self, log_: Log) -> int:
+        """The first offset readable: the start of the stored history contiguous with the
+        local log, else the local log start."""
+        return self.index.start_offset(log_.log_start_offset)
+
+    async def read(self, offset: int, max_bytes: int, upper_bound: int, log_: Log
+                   ) -> FileSlice:
+        """Whole batches from `offset` (below the local log start) out of the store."""
+        fragment = self.index.covering(offset)
+        if fragment is None:
+            raise OffsetOutOfRange(offset, self.start_offset(log_), upper_bound)
+        store = self.store()
+        try:
+            segment = await self._cache.segment(store, fragment.name)
+        except (NotFoundError, FileNotFoundError):
+            # Gone from the store since the last listing (a prune, a lifecycle rule).
+            self.index.remove([fragment.name])
+            raise OffsetOutOfRange(offset, self.start_offset(log_), upper_bound) from None
+        piece = self._cache.read(segment, offset, max_bytes, min(upper_bound, fragment.end))
+        self.metrics.store_reads += 1
+        self.metrics.store_read_bytes += piece.length
+        self._read_ahead(store, fragment, log_.log_start_offset)
+        return piece
+
+    def _read_ahead(self, store: FragmentStore, fragment: StoredFragment, local_start: int
+                    ) -> None:
+        """Fetch the next READ_AHEAD_FRAGMENTS fragments below the local log start."""
+        names: list[FragmentName] = []
+        at = fragment.end
+        while len(names) < READ_AHEAD_FRAGMENTS and at < local_start:
+            following = self.index.covering(at)
+            if following is None:
+                break
+            names.append(following.name)
+            at = following.end
+        if names:
+            self._cache.prefetch(self.key, partial(self._cache.load_all, store, names))
+
+    # -- listing and pruning (admin) ---------------------------------------------------------
+
+    def describe_fragments(self) -> list[dict[str, Any]]:
+        store = self.store()
+        useful = {f.name for f in self.index.fragments}
+        return [_fragment_dict(store, f, f.name in useful) for f in self.index.all()]
+
+    async def prune(self, log_: Log, before_offset: int | None, before_ms: int | None
+                    ) -> PassResult:
+        """Delete the fragments ending at or before `before_offset` (or all of the oldest
+        modified before `before_ms`) and the local segments below the same cut."""
+        cut = before_offset if before_offset is not None else cut_for_time(
+            self.index, before_ms if before_ms is not None else 0)
+        result = PassResult()
+        if cut is None:
+            return result
+        store = self.store()
+        index = FragmentIndex(self.index.all())
+        doomed = fragments_below(index, cut)
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, offload.delete_through, store, log_, index, doomed, cut, result)
+        self.apply(result, self.index.generation, _monotonic_ms())
+        return result
+
+    def describe(self, log_: Log) -> dict[str, Any]:
+        end = self.index.end_offset
+        out: dict[str, Any] = {
+            "fragment_store": self.settings.fragment_store,
+            "stored_start_offset": self.start_offset(log_) if end is not None else None,
+            "stored_end_offset": end,
+            "stored_fragments": len(self.index),
+            "stored_bytes": self.index.size_bytes,
+            "backlog_bytes": self.metrics.backlog_bytes,
+            "listed": self.listed,
+        }
+        if self.store_error is not None:
+            out["store_error"] = self.store_error.to_dict()
+        return out
+
+
+def _fragment_dict(store: FragmentStore, fragment: StoredFragment, useful: bool
+                   ) -> dict[str, Any]:
+    name = fragment.name
+    return {"begin": name.begin, "end": name.end, "leader_epoch": name.leader_epoch,
+            "sha256": name.sha256, "compression": name.compression.value,
+            "size_bytes": fragment.size_bytes, "modified_ms": fragment.modified_ms,
+            "url": store.url_of(name), "redundant": not useful}
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
