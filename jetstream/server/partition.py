@@ -210,7 +210,8 @@ class PartitionLeader:
 
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._open_tier(), name=f"tier {self.name}"))
-        await self.guarded.load(self.log, self._executor)
+        if not is_internal(self.stream.name):  # no expectations there: no log to read
+            await self.guarded.load(self.log, self._executor)
         if self._replication is not None:
             self._start_replication(self._replication)
         if not is_internal(self.stream.name):  # internal streams take only append_direct

