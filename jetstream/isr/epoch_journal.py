@@ -32,14 +32,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import crc32c as _crc32c
-
 from jetstream.isr.highest_epochs import (
     Change,
     CorruptEpochFile,
     EpochMark,
     HighestEpochs,
 )
+from jetstream.stream.checkpoint import checked_line, line_text
 
 FILE_NAME = "leader-epochs.journal"
 HEADER = "leader-epochs-journal 1"
@@ -47,21 +46,17 @@ HEADER = "leader-epochs-journal 1"
 COMPACT_RECORDS_MIN = 256
 
 
-def _line(text: str) -> bytes:
-    return f"{text} {_crc32c.crc32c(text.encode()):08x}\n".encode()
-
-
 def encode_header(generation: int) -> bytes:
     """A new, empty journal of `generation`."""
     assert generation >= 0
-    return _line(f"{HEADER} {generation}")
+    return checked_line(f"{HEADER} {generation}")
 
 
 def encode_changes(changes: Sequence[Change]) -> bytes:
     """The records of `changes`, to append."""
     return b"".join(
-        _line(f"set {stream} {partition} {mark.created_version} {mark.leader_epoch}")
-        if mark is not None else _line(f"forget {stream} {partition}")
+        checked_line(f"set {stream} {partition} {mark.created_version} {mark.leader_epoch}")
+        if mark is not None else checked_line(f"forget {stream} {partition}")
         for (stream, partition), mark in changes)
 
 
@@ -79,7 +74,7 @@ def replay(data: bytes) -> Replay:
     """The journal's records up to the first damaged one. Raises CorruptEpochFile when the
     header line itself is damaged (then nothing says which table it belongs to)."""
     end = data.find(b"\n")
-    header = _checked(data[:end]) if end >= 0 else None
+    header = line_text(data[:end]) if end >= 0 else None
     parts = header.split(" ") if header is not None else []
     if len(parts) != 3 or " ".join(parts[:2]) != HEADER or not _number(parts[2]):
         raise CorruptEpochFile("damaged journal header")
@@ -95,24 +90,12 @@ def replay(data: bytes) -> Replay:
     return Replay(int(parts[2]), tuple(changes), len(data) - position)
 
 
-def _checked(line: bytes) -> str | None:
-    """The text of a line whose CRC matches, else None."""
-    try:
-        text = line.decode()
-    except UnicodeDecodeError:
-        return None
-    body, _, crc = text.rpartition(" ")
-    if len(crc) != 8 or not all(c in "0123456789abcdef" for c in crc):
-        return None
-    return body if int(crc, 16) == _crc32c.crc32c(body.encode()) else None
-
-
 def _number(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
 def _record(line: bytes) -> Change | None:
-    text = _checked(line)
+    text = line_text(line)
     if text is None:
         return None
     parts = text.split(" ")

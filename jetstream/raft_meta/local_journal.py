@@ -33,29 +33,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import crc32c as _crc32c
-
 from jetstream.errors import StorageError
 from jetstream.raft_meta.codec import decode_command, encode_command
 from jetstream.raft_meta.fsm import Command, MetadataState
+from jetstream.stream.checkpoint import checked_line, line_text
 
 SNAPSHOT_FORMAT = 2
 JOURNAL_HEADER = "metadata-journal 1"
 #: The journal is compacted past max(this, streams + partitions) records.
 COMPACT_RECORDS_MIN = 256
-
-
-def _line(text: str) -> bytes:
-    return f"{text} {_crc32c.crc32c(text.encode()):08x}\n".encode()
-
-
-def _checked(line: str) -> str | None:
-    """The text of a line whose CRC matches, else None."""
-    text, _, crc = line.rpartition(" ")
-    try:
-        return text if _crc32c.crc32c(text.encode()) == int(crc, 16) else None
-    except ValueError:
-        return None
 
 
 def encode_snapshot(state: MetadataState, generation: int) -> bytes:
@@ -79,11 +65,11 @@ def decode_snapshot(data: bytes) -> tuple[MetadataState, int]:
 def encode_header(generation: int) -> bytes:
     """A new, empty journal of `generation`."""
     assert generation >= 0
-    return _line(f"{JOURNAL_HEADER} {generation}")
+    return checked_line(f"{JOURNAL_HEADER} {generation}")
 
 
 def encode_record(command: Command) -> bytes:
-    return _line(json.dumps(encode_command(command), separators=(",", ":")))
+    return checked_line(json.dumps(encode_command(command), separators=(",", ":")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,20 +83,20 @@ class JournalRead:
 
 
 def decode_journal(data: bytes, generation: int) -> JournalRead:
-    lines = data.decode("utf-8", errors="replace").split("\n")
-    header = _checked(lines[0]) if lines else None
+    lines = data.split(b"\n")
+    header = line_text(lines[0]) if lines else None
     if header != f"{JOURNAL_HEADER} {generation}" or len(lines) < 2:
         return JournalRead((), False)
     commands: list[Command] = []
     for line in lines[1:-1]:  # the last item is what follows the last newline
-        text = _checked(line)
+        text = line_text(line)
         if text is None:
             return JournalRead(tuple(commands), False)
         try:
             commands.append(decode_command(json.loads(text)))
         except (ValueError, KeyError, TypeError) as exc:
             raise StorageError(f"a metadata journal record does not decode: {exc!r}") from exc
-    return JournalRead(tuple(commands), lines[-1] == "")
+    return JournalRead(tuple(commands), lines[-1] == b"")
 
 
 def compact_due(records: int, state: MetadataState) -> bool:

@@ -325,7 +325,7 @@ async def _send_tls(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWrite
     if sum(piece.length for piece in pieces) <= TLS_INLINE_BYTES:
         parts = [head]
         for piece in pieces:
-            data = os.pread(piece.fd, piece.length, piece.position)
+            data = piece.read()
             if len(data) != piece.length:
                 return False
             parts.append(data)

@@ -42,7 +42,7 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     format tells apart): for a file that recovery would write the same again."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
-        _write_fsynced(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), data,
+        write_and_close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), data,
                        durable)
     except OSError:
         tmp.unlink(missing_ok=True)  # a full disk: leave no half-written file behind
@@ -55,10 +55,10 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
 def append_fsynced(path: Path, data: bytes) -> None:
     """Append `data` to the existing file `path` and fsync it. A crash may leave a prefix of
     `data` at the end (a torn tail): the file's format must tell it apart."""
-    _write_fsynced(os.open(path, os.O_WRONLY | os.O_APPEND), data)
+    write_and_close(os.open(path, os.O_WRONLY | os.O_APPEND), data)
 
 
-def _write_fsynced(fd: int, data: bytes, fsync: bool = True) -> None:
+def write_and_close(fd: int, data: bytes, fsync: bool = True) -> None:
     """Write all of `data` to `fd`, fsync (unless told not to), close."""
     try:
         view = memoryview(data)
@@ -82,6 +82,23 @@ def write_atomic_if_room(path: Path, data: bytes, *, durable: bool = True) -> bo
         log.warning("%s not updated: %s", path, exc.strerror)
         return False
     return True
+
+
+def checked_line(text: str) -> bytes:
+    """`text` as a journal line: followed by a space, its CRC32C (8 hex digits), a newline."""
+    return f"{text} {_crc32c.crc32c(text.encode()):08x}\n".encode()
+
+
+def line_text(line: bytes) -> str | None:
+    """The text of a `checked_line` (without its newline) whose CRC matches, else None."""
+    try:
+        text = line.decode()
+    except UnicodeDecodeError:
+        return None
+    body, _, crc = text.rpartition(" ")
+    if len(crc) != 8 or not all(c in "0123456789abcdef" for c in crc):
+        return None
+    return body if int(crc, 16) == _crc32c.crc32c(body.encode()) else None
 
 
 def encode_entries(kind: str, entries: list[tuple[int, ...]]) -> bytes:

@@ -17,6 +17,8 @@ from array import array
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
+from jetstream.stream.checkpoint import write_and_close
+
 OFFSET_ENTRY = struct.Struct(">II")
 assert OFFSET_ENTRY.size == 8
 TIME_ENTRY = struct.Struct(">qI")
@@ -140,12 +142,5 @@ def read_file(path: Path) -> bytes | None:
 
 
 def write_file(path: Path, data: bytes, fsync: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_and_close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644),
+                    data, fsync)
