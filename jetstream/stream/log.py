@@ -425,13 +425,20 @@ class Log(LogIntegrity):
 
     def read_records(self, offset: int, max_bytes: int = 1 << 20,
                      upper_bound: int | None = None) -> list[fmt.StoredRecord]:
-        """Decoded records from `offset` (CRC-checked), none at or past `upper_bound`."""
-        data, _next = self.read_bytes(offset, max_bytes, upper_bound, skip_empty=True)
-        try:
-            return fmt.decode_batches(data, min_offset=offset, verify=True)
-        except (fmt.BatchFormatError, UnicodeDecodeError) as exc:
-            raise CorruptRecord(f"cannot decode records at offset {offset} in "
-                                f"{self.directory}: {exc}") from exc
+        """Decoded records from `offset` (CRC-checked), none at or past `upper_bound`; empty
+        only when no record is left below the bound. A batch whose kept records all lie
+        below `offset` (compaction removed the rest) is passed over, not returned empty."""
+        at = offset
+        while True:
+            data, next_offset = self.read_bytes(at, max_bytes, upper_bound, skip_empty=True)
+            try:
+                records = fmt.decode_batches(data, min_offset=offset, verify=True)
+            except (fmt.BatchFormatError, UnicodeDecodeError) as exc:
+                raise CorruptRecord(f"cannot decode records at offset {at} in "
+                                    f"{self.directory}: {exc}") from exc
+            if records or not data or next_offset <= at:
+                return records
+            at = next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first offset whose timestamp is >= `timestamp_ms`, or the LEO if none is."""

@@ -312,3 +312,23 @@ def test_records_with_ids_inside_the_duplicate_window_are_not_compacted(
     assert StreamConfig("s", "s", duplicate_window_ms=5000).compaction_config() \
         .duplicate_window_ms == 5000
     log.close()
+
+
+def test_a_read_past_a_batchs_kept_records_goes_on_to_the_next_segment(
+        tmp_path: Path) -> None:
+    """A batch whose last offsets compaction removed, at a segment's end: a read from one
+    of those offsets returns the next segment's records, not an empty list that looks like
+    the log's end."""
+    log = open_log(tmp_path / "log", Clock(T0))
+    # One batch per segment; the second rewrites `c`, so the first batch loses its tail.
+    big = b"v" * 1500  # two batches together outgrow a segment: the cleaner keeps both
+    for batch in ([(b"a", big), (b"b", big), (b"c", big)],
+                  [(b"c", big), (b"d", big), (b"e", big)]):
+        append(log, batch)
+        assert log.roll_if_older(T0 + DAY, log.log_end_offset)
+    run_pass(log, T0)
+    assert log.segment_base_offsets == [0, 3, 6]
+    assert [r.offset for r in log.read_records(0)] == [0, 1]  # one segment per read
+    # Offset 2 (c's first value) is gone; its batch still holds 0 and 1.
+    assert [r.offset for r in log.read_records(2)] == [3, 4, 5]
+    log.close()
