@@ -14,6 +14,9 @@ its disk reserve) frees some and the allocation is tried once more; the journal'
 meta file (commit index, term, vote) is written the same way. A broker on a full disk thus
 still takes the metadata entries that let it free space (deleting a stream).
 
+`SafeSyncObj` follows Raft where pysyncobj does not: on AppendEntries it deletes log entries
+only from the first one that conflicts, never entries that match (jetstream.raft_meta.append_rule).
+
 `RoutedNode` is a partner known by its own Raft address (its identity, which it announces when
 it connects) but dialled at another address: a relay or proxy in between.
 """
@@ -39,6 +42,8 @@ from pysyncobj import journal as _journal  # noqa: E402
 from pysyncobj.node import TCPNode  # noqa: E402
 
 socket.inet_ntop = _inet_ntop
+
+from jetstream.raft_meta.append_rule import plan_append  # noqa: E402
 
 log = logging.getLogger(__name__)
 #: What a write that ran out of room fails with (as jetstream.stream.checkpoint's).
@@ -131,6 +136,40 @@ _journal.ResizableFile = AllocatedFile  # type: ignore[misc, assignment]
 _journal.MetaStorer = _MetaStorer  # type: ignore[misc]
 
 
+class SafeSyncObj(SyncObj):
+    """SyncObj whose followers keep the entries of a stale or repeated AppendEntries that
+    match (see the module docstring). pysyncobj binds its transport's message callback to
+    this name, so every message passes here first."""
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
+        core: Any = self  # pysyncobj's private state, by its mangled names
+        handle = getattr(super(), "_SyncObj__onMessageReceived")  # noqa: B009
+        if (message.get("type") != "append_entries" or "prevLogIdx" not in message
+                or message.get("transmission") is not None
+                or message["term"] < core._SyncObj__raftCurrentTerm):
+            handle(node, message)
+            return
+        journal = core._SyncObj__raftLog
+        first = journal[0][1]
+
+        def term_at(index: int) -> int | None:
+            at = index - first
+            return int(journal[at][2]) if 0 <= at < len(journal) else None
+
+        plan = plan_append(message["prevLogIdx"], message["prevLogTerm"],
+                           message.get("entries", []), term_at, journal[-1][1])
+        if plan is None:
+            handle(node, message)
+        elif not plan.keep_tail:
+            handle(node, {**message, "prevLogIdx": plan.prev_index,
+                          "prevLogTerm": plan.prev_term, "entries": list(plan.entries)})
+        else:  # leader and term bookkeeping only; then answer that the log matches so far
+            bare = {k: v for k, v in message.items()
+                    if k not in ("prevLogIdx", "prevLogTerm", "entries", "serialized")}
+            bare["commit_index"] = min(message["commit_index"], plan.prev_index)
+            handle(node, bare)
+            core._SyncObj__sendNextNodeIdx(node, nextNodeIdx=plan.prev_index + 1, success=True)
+
 
 class RoutedNode(TCPNode):
     """A partner whose identity is `address` but which is reached at `dial` ("host:port")."""
@@ -150,5 +189,6 @@ class RoutedNode(TCPNode):
         return self._dial_port
 
 
-__all__ = ["FAIL_REASON", "HAS_CRYPTO", "AllocatedFile", "RoutedNode", "SyncObj",
+__all__ = ["FAIL_REASON", "HAS_CRYPTO", "AllocatedFile", "RoutedNode", "SafeSyncObj",
+           "SyncObj",
            "SyncObjConf", "SyncObjConsumer", "make_room_for", "replicated"]

@@ -97,6 +97,7 @@ from jetstream.raft_meta._pysyncobj import (
     FAIL_REASON,
     HAS_CRYPTO,
     RoutedNode,
+    SafeSyncObj,
     SyncObj,
     SyncObjConf,
     SyncObjConsumer,
@@ -322,7 +323,7 @@ class RaftMetadata:
         routes = routes or {}
         partners = [RoutedNode(a, routes[a]) if a in routes else a
                     for a in partner_addresses if a != self_address]
-        self._sync = SyncObj(self_address, partners, conf=conf, consumers=[self._fsm])
+        self._sync = SafeSyncObj(self_address, partners, conf=conf, consumers=[self._fsm])
         try:
             self._sync.waitBinded()
         except Exception:
