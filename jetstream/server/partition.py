@@ -25,8 +25,9 @@ Theory of operation
   each, proposing again while the outcome is unknown; a refusal ends in
   `on_proposal_failed`, a commit in `on_isr_committed`, also when the broker's metadata
   listener sees it first, through `on_metadata`), and a tick when the core says one is due
-  (`_tick`) lets it shrink the ISR of followers that stopped fetching. Followers fetch
-  uncommitted records up to the LEO (`replica_fetch`), long-polling on appends. While the
+  (`_tick`) lets it shrink the ISR of followers that stopped fetching (those steps are
+  jetstream.server.leader_isr's). Followers fetch uncommitted records up to the LEO
+  (`replica_fetch`), long-polling on appends. While the
   ISR is smaller than min_isr, `all` publishes are refused with NOT_ENOUGH_REPLICAS and not
   appended. A leader that loses leadership (`abdicate`) stops ingest and answers the `all`
   acks it still owes with NOT_LEADER: it can no longer commit them, though the new leader
@@ -51,15 +52,12 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from jetstream.errors import (
     CorruptRecord,
-    FencedLeaderEpoch,
     JetstreamError,
     NotEnoughReplicas,
     NotLeader,
-    OffsetOutOfRange,
     RecordTooLarge,
 )
 from jetstream.idempotence.guard import Expectations
@@ -74,6 +72,7 @@ from jetstream.offsets.records import is_internal
 from jetstream.protocol import ack as ack_codec
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.raft_meta.model import PartitionState, StreamConfig
+from jetstream.server import leader_isr
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
 from jetstream.server.guarded import PartitionGuard, judge_direct
@@ -84,6 +83,7 @@ from jetstream.server.ingest_batch import (
     encode_acks,
     take_messages,
 )
+from jetstream.server.leader_isr import Replication, SessionWatch
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort, Subscription
 from jetstream.server.nats_wire import NatsMsg
@@ -98,41 +98,11 @@ from jetstream.tiered.partition_tier import PartitionTier
 log = logging.getLogger(__name__)
 
 _ALL = AckPolicy.ALL
-#: Wait before proposing an ISR change again after its outcome was unknown (a timeout).
-PROPOSE_RETRY_MS = 500
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
-@dataclass(frozen=True, slots=True)
-class Replication:
-    """What a cluster-mode leader needs from the broker: this broker's id, the ISR settings,
-    and how to propose an ISR change (the coroutine returns True when committed, False when
-    refused, None when the outcome is unknown)."""
-
-    broker_id: int
-    replica_lag_ms_max: int
-    propose_isr: Callable[[ProposeIsr], Awaitable[bool | None]]
-
 
 #: Heals or serves around damage a leader's read met (jetstream.server.integrity): None to
 #: read again, or a healthy copy to serve.
 ReadAround = Callable[[tuple[str, int], Log, CorruptRecord, int, int],
                       Awaitable[FileSlice | None]]
-
-
-class SessionWatch(Protocol):
-    """The broker's fetch sessions (jetstream.server.fetch_sessions), as a leader sees them:
-    told when a partition's records or HW change, and asked where its followers stand."""
-
-    def changed(self, key: tuple[str, int]) -> None: ...
-
-    def standing(self, key: tuple[str, int]) -> list[tuple[int, int, int]]:
-        """(replica id, the offset it fetches at, when it last said so) per session that
-        holds the partition."""
-        ...
 
 
 @dataclass(slots=True)
@@ -179,6 +149,7 @@ class PartitionLeader:
         self._executor = executor
         self.metrics = metrics
         self.subject = stream.partition_subject(state.partition)
+        self._key = (stream.name, state.partition)
         self._acks = ack_codec.AckEncoder(stream.name, state.partition)
         self._always = stream.fsync is FsyncPolicy.ALWAYS
         # Batches appended but not yet durable (leader acks) / not yet committed (all acks).
@@ -378,32 +349,11 @@ class PartitionLeader:
         await self._enqueue(PendingBatch(end, leader_acks, all_acks, all_targets=all_targets))
 
     def _refuse_all(self) -> bool:
-        """True while an `all` publish must be refused: the ISR is below min_isr, counting a
-        removal in flight or due (when the metadata has lost its majority the removal never
-        commits, and the publish would wait for a replica that is gone)."""
-        return self.isr is not None and len(self._isr_for_all()) < self.isr.min_isr
-
-    def _isr_for_all(self) -> tuple[int, ...]:
-        """The committed ISR, less the members a removal in flight drops and the members
-        lagging right now (whose removal may be stuck behind another proposal)."""
-        isr = self.isr
-        assert isr is not None
-        pending = isr.pending_isr
-        members = pending if pending is not None and len(pending) < len(isr.isr) else isr.isr
-        now, lag_max = now_ms(), isr.replica_lag_ms_max
-        standing = {}
-        if self._sessions is not None:
-            # An idle partition's followers speak through their sessions (see `_tick`).
-            standing = {replica: fetched_ms for replica, offset, fetched_ms
-                        in self._sessions.standing((self.stream.name, self.state.partition))
-                        if offset >= isr.log_end_offset}
-        return tuple(r for r in members if r == isr.leader_id or (
-            (seen := max(isr.follower_state(r).last_caught_up_ms or -1, standing.get(r, -1)))
-            >= 0 and now - seen <= lag_max))
+        return leader_isr.refuse_all(self.isr, self._sessions, self._key)
 
     def _not_enough_replicas(self) -> NotEnoughReplicas:
         assert self.isr is not None
-        return NotEnoughReplicas(self.isr.min_isr, len(self._isr_for_all()))
+        return leader_isr.not_enough_replicas(self.isr, self._sessions, self._key)
 
     def _on_append(self) -> None:
         self._housekeeping.appended()
@@ -523,24 +473,10 @@ class PartitionLeader:
             await self._advance_high_watermark(hw, acks if acks is not None else [])
 
     async def _propose_isr(self, decision: ProposeIsr) -> None:
-        """Propose until the outcome is known. An unknown outcome (a timeout) is settled by
-        proposing the same ISR again: the compare-and-set is on the epoch only, so a copy
-        applied after the first changes nothing."""
         isr, replication = self.isr, self._replication
         assert replication is not None and isr is not None
-        log.info("%s: proposing ISR %s (%s)", self.name, decision.isr, decision.reason)
-        while not self._stopping and isr.pending_isr == decision.isr:
-            outcome = await replication.propose_isr(decision)
-            if self._stopping or isr.pending_isr != decision.isr:
-                return  # settled meanwhile (the metadata listener saw it committed)
-            if outcome is None:
-                await asyncio.sleep(PROPOSE_RETRY_MS / 1000)
-            elif outcome:
-                # Committed, but the listener may not have run (or saw no change: a copy).
-                self._count_isr_change(isr.isr, decision.isr)
-                await self._apply(isr.on_isr_committed(decision.isr, decision.expected_epoch))
-            else:
-                await self._apply(isr.on_proposal_failed())
+        await leader_isr.propose_until_known(self.name, decision, isr, replication,
+                                             self.metrics, lambda: self._stopping, self._apply)
 
     def on_metadata(self, state: PartitionState) -> None:
         """The metadata changed this partition at the same leader epoch (an ISR change)."""
@@ -548,22 +484,17 @@ class PartitionLeader:
         self.state = state
         if self.isr is not None and not self._stopping and tuple(sorted(state.isr)) != \
                 self.isr.isr:
-            self._count_isr_change(self.isr.isr, state.isr)
+            leader_isr.count_isr_change(self.metrics, self.isr.isr, state.isr)
             decisions = self.isr.on_isr_committed(state.isr, state.leader_epoch)
             task = asyncio.get_running_loop().create_task(self._apply(decisions))
             task.add_done_callback(_log_task_failure)
-
-    def _count_isr_change(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
-        if set(old) - set(new):
-            self.metrics.isr_shrinks += 1
-        if set(new) - set(old):
-            self.metrics.isr_expands += 1
 
     async def _tick(self, now: int) -> None:
         """Tick the ISR core (the scheduler calls it when the core said a tick is due), once
         it heard where the followers of this partition stand in their fetch sessions."""
         assert self.isr is not None
-        self._refresh_standing()  # every follower first, then one decision
+        # Every follower first, then one decision.
+        leader_isr.refresh_standing(self.isr, self._sessions, self._key)
         await self._apply(self.isr.tick(now))
 
     async def _advance_high_watermark(self, hw: int, acks: list[tuple[str, bytes]]) -> None:
@@ -657,19 +588,9 @@ class PartitionLeader:
                                unfit: Unfit = "") -> None:
         """Follower `replica_id` fetches at `offset` in `leader_epoch`: it holds every offset
         below. Raises NotLeader, FencedLeaderEpoch or OffsetOutOfRange when it cannot."""
-        if self.isr is None:
-            raise NotLeader(self.stream.name, self.state.partition)
-        if leader_epoch != self.state.leader_epoch or self._stopping:
-            raise FencedLeaderEpoch(self.stream.name, self.state.partition, leader_epoch,
-                                    self.state.leader_epoch)
-        if offset > self.log.log_end_offset:
-            raise OffsetOutOfRange(offset, self.log.log_start_offset, self.log.log_end_offset)
-        try:
-            decisions = self.isr.on_follower_fetch(replica_id, offset, now_ms(), unfit)
-        except ValueError as exc:
-            raise OffsetOutOfRange(offset, self.log.log_start_offset,
-                                   self.log.log_end_offset) from exc
-        await self._apply(decisions)
+        await self._apply(leader_isr.follower_fetch(
+            self.isr, self.state, self.log, self._stopping, replica_id, offset, leader_epoch,
+            unfit))
 
     async def replica_read(self, offset: int, max_bytes: int, *, verify: bool = False
                            ) -> FileSlice:
@@ -688,17 +609,6 @@ class PartitionLeader:
         """Still leading: not stopping nor abdicating."""
         return not self._stopping
 
-    def _refresh_standing(self) -> None:
-        """Tell the ISR core where the followers of this partition stand in their fetch
-        sessions: a session names a partition only when its offset changes, so followers of
-        an idle partition would otherwise seem to have stopped fetching."""
-        assert self.isr is not None
-        if self._sessions is None:
-            return
-        for replica_id, offset, fetched_ms in self._sessions.standing(
-                (self.stream.name, self.state.partition)):
-            with contextlib.suppress(ValueError):  # not a follower of this partition
-                self.isr.on_follower_standing(replica_id, offset, fetched_ms)
 
 
 def _log_task_failure(task: asyncio.Task[None]) -> None:

@@ -16,9 +16,10 @@ from jetstream.isr.leader import ProposeIsr
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
+from jetstream.server.leader_isr import Replication
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort, connect_nats
-from jetstream.server.partition import PartitionLeader, Replication
+from jetstream.server.partition import PartitionLeader
 from jetstream.server.scheduler import Scheduler, Work
 from jetstream.stream.format import Record
 from jetstream.stream.log import Log

@@ -29,7 +29,7 @@ def raft(log: Log, prev: int, prev_term: int, entries: list[Entry]) -> tuple[Log
     out = list(log)
     for _, index, term in entries:
         if term_of(out, index) != term:
-            out = out[:index] + [term]
+            out = [*out[:index], term]
     return out, prev + len(entries)
 
 
@@ -52,7 +52,7 @@ def planned(log: Log, prev: int, prev_term: int,
     return pysyncobj(log, plan.prev_index, plan.prev_term, plan.entries, plan.keep_tail)
 
 
-terms = st.lists(st.integers(0, 3), max_size=12).map(lambda t: [0] + sorted(t))
+terms = st.lists(st.integers(0, 3), max_size=12).map(lambda t: [0, *sorted(t)])
 
 
 @settings(max_examples=500, deadline=None)
