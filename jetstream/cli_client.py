@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jetstream import cli_demo, cli_fragments, cli_groups, cli_kv, cli_scrub
+from jetstream import cli_demo, cli_fragments, cli_groups, cli_kv, cli_registers, cli_scrub
 from jetstream.cli_text import (
     FROM_HELP,
     UsageError,
@@ -562,6 +562,9 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     cli_kv.add_arguments(
         leaf(commands, "get", cli_kv.get, "print a key's latest value (compacted streams)"),
         leaf(commands, "keys", cli_kv.keys, "list live keys (compacted streams)"))
+    cli_registers.add_arguments(leaf(
+        commands, "registers", cli_registers.registers,
+        "print a partition's registers (the labels publishes check and change)"))
     cli_scrub.add_arguments(leaf(
         commands, "scrub", cli_scrub.scrub,
         "check every byte of a stream's replicas now, heal what can be, print what is left"))

@@ -205,6 +205,16 @@ class StreamAdmin:
 
         return list(await asyncio.gather(*(ask(p) for p in wanted)))
 
+    async def registers(self, stream: str, partition: int = 0) -> dict[str, str]:
+        """The partition's registers, as its leader holds them (the newest appends' may not
+        be committed yet). Raises UnknownStream, UnknownPartition."""
+        request = m.RegistersRequest(stream, partition)
+
+        async def call(conn: Any) -> m.RegistersResponse:
+            return m.expect_response(await conn.request(request), m.RegistersResponse)
+
+        return (await self._router.with_leader(stream, partition, call)).registers
+
 
 def _option(value: AckPolicy | str | None) -> str | None:
     """An option as the broker reads it: an enum's value, a str as it is."""

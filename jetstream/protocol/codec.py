@@ -23,6 +23,7 @@ from jetstream.protocol import (
     kv,
     offsets,
     reads,
+    registers,
     replica_fetch,
     replication,
 )
@@ -40,7 +41,7 @@ from jetstream.protocol.wire_errors import error_from_header, error_header
 _R = TypeVar("_R", bound=Response)
 
 _CONCERNS = (reads, admin, replication, offsets, groups, kv, integrity, replica_fetch,
-             fragments)
+             fragments, registers)
 
 REQUEST_TYPES: Mapping[Op, type[Request]] = {
     request_type.op: request_type for concern in _CONCERNS for request_type in concern.REQUESTS}

@@ -114,6 +114,7 @@ class Op(enum.IntEnum):
     SCRUB = 23
     REPLICA_FETCH = 24
     FRAGMENTS = 25
+    REGISTERS = 26
 
 
 _KINDS = frozenset(int(k) for k in Kind)

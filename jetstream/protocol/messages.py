@@ -94,6 +94,7 @@ from jetstream.protocol.reads import (
     OffsetForTimestampRequest,
     OffsetForTimestampResponse,
 )
+from jetstream.protocol.registers import RegistersRequest, RegistersResponse
 from jetstream.protocol.replica_fetch import (
     REPLICA_FETCH_ANSWERS_MAX,
     REPLICA_FETCH_CHANGES_MAX,
@@ -168,6 +169,8 @@ __all__ = [
     "OffsetForTimestampRequest",
     "OffsetForTimestampResponse",
     "PartitionAnswer",
+    "RegistersRequest",
+    "RegistersResponse",
     "ReplicaFetchRequest",
     "ReplicaFetchResponse",
     "ReplicaRangeRequest",

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jetstream.errors import ProtectedStream, UnknownStream
+from jetstream.errors import NotLeader, ProtectedStream, UnknownStream
 from jetstream.offsets.records import is_internal
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.fsm import CreateStream, DeleteStream, UpdateStream
@@ -263,6 +263,13 @@ class Admin:
 
     async def on_fragments(self, request: m.FragmentsRequest) -> m.FragmentsResponse:
         return await self.fragments.handle(request)
+
+    async def on_registers(self, request: m.RegistersRequest) -> m.RegistersResponse:
+        leader = self.leader_for(request.stream, request.partition)
+        if not leader.guarded.ready and not is_internal(request.stream):
+            raise NotLeader(request.stream, request.partition)  # still reading its log
+        return m.RegistersResponse(request.stream, request.partition, self._config.broker_id,
+                                   leader.guarded.registers)
 
     async def on_scrub(self, request: m.ScrubRequest) -> m.ScrubResponse:
         if request.stream not in self._metadata.state.streams:

@@ -130,6 +130,10 @@ class HttpServices(Protocol):
         """A partition's fragments and extents (a prune first, if asked) at its leader."""
         ...
 
+    async def on_registers(self, request: m.RegistersRequest) -> m.RegistersResponse:
+        """A partition's registers at its leader."""
+        ...
+
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
         """This broker's leader of the partition, else UnknownStream, UnknownPartition or
         NotLeader."""

@@ -261,6 +261,7 @@ class Broker:
             on(m.ReplicaRangeRequest, admin.integrity.replica_range),
             on(m.ScrubRequest, admin.on_scrub),
             on(m.FragmentsRequest, admin.on_fragments),
+            on(m.RegistersRequest, admin.on_registers),
             on(m.MetadataRequest, admin.on_metadata),
             on(m.ListStreamsRequest, admin.on_list_streams),
             on(m.CreateStreamRequest, admin.on_create_stream),

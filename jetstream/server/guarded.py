@@ -99,6 +99,11 @@ class PartitionGuard:
         guard.track_keys = compacts
 
     @property
+    def ready(self) -> bool:
+        """Loaded from the log: the guard judges appends."""
+        return self.guard is not None
+
+    @property
     def registers(self) -> dict[str, str]:
         return dict(self.guard.registers) if self.guard is not None else {}
 

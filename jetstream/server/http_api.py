@@ -410,9 +410,9 @@ def build_app(services: HttpServices, broker_client: BrokerClient) -> FastAPI:
 
     @app.get("/streams/{name}/partitions/{partition}/registers", responses=_errors(404, 503))
     async def read_registers(name: str, partition: int) -> dict[str, Any]:
-        leader = services.leader_for(name, partition)
-        return {"stream": name, "partition": partition,
-                "registers": leader.guarded.registers}
+        answer = await services.on_registers(m.RegistersRequest(name, partition))
+        return {"stream": name, "partition": partition, "broker_id": answer.broker_id,
+                "registers": answer.registers}
 
     add_group_routes(app, broker_client, _errors)
     return app

@@ -161,3 +161,30 @@ async def test_idempotent_producer_sequences_and_fencing(js: Client) -> None:
         await old.publish("tasks.in", b"zombie", partition=0)
     values = await stored(js, "tasks", 0)
     assert values == [b"%d" % i for i in range(0, 20, 2)] + [b"new"]
+
+
+async def test_registers_from_the_client_and_the_cli(broker: BrokerProcess,
+                                                     js: Client) -> None:
+    import os
+    import subprocess
+    import sys
+
+    await js.create_stream("locks", "locks.in")
+    assert await js.registers("locks") == {}
+    env = {**os.environ, "JETSTREAM_BROKERS": broker.address}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "jetstream", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    taken = cli("pub", "locks.in", "take", "--check-registers", "!holder",
+                "--union-register", "holder=w1")
+    assert taken.returncode == 0, taken.stderr
+    assert await js.registers("locks") == {"holder": "w1"}
+    shown = cli("registers", "locks")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == ["REGISTER", "VALUE", "holder", "w1"]
+    document = json.loads(cli("registers", "locks", "--json").stdout)
+    assert document == {"stream": "locks", "partition": 0, "registers": {"holder": "w1"}}
+    unknown = cli("registers", "nope")
+    assert unknown.returncode != 0 and "UNKNOWN_STREAM" in unknown.stderr + unknown.stdout

@@ -109,7 +109,9 @@ requests = st.one_of(
     st.just(m.ListGroupsRequest()),
     st.builds(m.DescribeGroupRequest, group=names),
     st.builds(m.ListSegmentsRequest, stream=names, partition=partitions),
+    st.builds(m.RegistersRequest, stream=names, partition=partitions),
 )
+register_labels = st.from_regex(r"[a-z]([a-z0-9_.-]{0,20}[a-z0-9])?", fullmatch=True)
 responses = st.one_of(
     fetch_responses,
     list_segments_responses(),
@@ -134,6 +136,9 @@ responses = st.one_of(
               broker_id=st.integers(0, m.BROKER_ID_MAX), host=st.text(min_size=1, max_size=20),
               port=st.integers(1, 65535)),
     st.builds(m.DeleteGroupResponse, deleted_offsets=offsets),
+    st.builds(m.RegistersResponse, stream=names, partition=partitions,
+              broker_id=st.integers(0, m.BROKER_ID_MAX),
+              registers=st.dictionaries(register_labels, register_labels, max_size=5)),
     st.just(m.EmptyResponse()),
 )
 
@@ -388,6 +393,12 @@ def test_the_largest_segment_listing_fits_a_response_header() -> None:
             {**LISTING, "log_end_offset": m.OFFSET_MAX, "high_watermark": 5,
              "segments": [[i, 0] for i in range(m.SEGMENTS_MAX + 1)]})
     assert caught.value.fields["field"] == "segments"
+
+
+def test_registers_that_are_not_labels_are_refused() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        m.RegistersResponse("jobs", 0, 1, {"owner": "not a label"})
+    assert caught.value.fields["field"] == "registers"
 
 
 def test_local_construction_is_checked_too() -> None:
