@@ -21,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from jetstream.client.publisher import BatchItem, Stamp
+from jetstream.client.types import PublishMessage
 from jetstream.errors import (
     AckTimeout,
     BrokerUnavailable,
+    JetstreamError,
     NoStreamForSubject,
     NotEnoughReplicas,
     NotLeader,
@@ -43,6 +46,11 @@ class Sender(Protocol):
 
     def target_subject(self, subject: str, key: bytes | None,
                        partition: int | None) -> str: ...
+
+    async def publish_stamped(self, items: Sequence[tuple[BatchItem, Stamp]],
+                              ack_policy: AckPolicy | str | None, window: int,
+                              timeout: float) -> tuple[list[Ack | None],
+                                                       JetstreamError | None]: ...
 
     async def publish_to(self, target: str, value: bytes | None, key: bytes | None,
                          headers: Mapping[str, bytes] | None,
@@ -98,4 +106,45 @@ class IdempotentProducer:
                 continue
             assert ack is not None
             return ack
+        raise AssertionError("unreachable")
+
+    async def publish_batch(self, messages: Sequence[PublishMessage], *, window: int = 1000,
+                            ack_policy: AckPolicy | str | None = None,
+                            timeout: float = SESSION_TIMEOUT_S,
+                            attempt_timeout: float = ATTEMPT_TIMEOUT_S) -> list[Ack]:
+        """Publish many messages once and for all, up to `window` un-acked at once
+        (Client.publish_batch's pipelining, each message stamped with its sequence): after a
+        retried error, the messages not acked yet are sent again, in order, with the same
+        sequences, until every one is acked or `timeout` seconds passed (then the last
+        error is raised; messages may be stored). Acks in order. Raises ProducerFenced."""
+        if ack_policy is not None and AckPolicy(ack_policy) is AckPolicy.NONE:
+            raise ProtocolError("an idempotent publish waits for its ack: not ack_policy none",
+                                field="ack_policy")
+        items: list[tuple[BatchItem, Stamp]] = []
+        for message in messages:
+            target = self._publishing.target_subject(message.subject, message.key,
+                                                     message.partition)
+            sequence = self._sequences.get(target, 0)
+            self._sequences[target] = sequence + 1
+            value = None if message.value is None else bytes(message.value)
+            items.append(((target, value, message.key, message.headers),
+                          (self.producer_id, self.epoch, sequence)))
+        acks: list[Ack | None] = [None] * len(items)
+        pending = list(range(len(items)))
+        deadline = time.monotonic() + timeout
+        for attempt in range(1 << 30):
+            got, error = await self._publishing.publish_stamped(
+                [items[i] for i in pending], ack_policy, window, attempt_timeout)
+            for i, ack in zip(pending, got, strict=False):
+                acks[i] = ack
+            pending = [i for i in pending if acks[i] is None]
+            if not pending:
+                return [ack for ack in acks if ack is not None]
+            if error is not None and not isinstance(error, RETRIED):
+                raise error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise error if error is not None else AckTimeout(
+                    items[pending[0]][0][0], round(attempt_timeout * 1000))
+            await asyncio.sleep(min(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)], left))
         raise AssertionError("unreachable")

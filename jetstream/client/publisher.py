@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,8 @@ YIELD_EVERY = 64
 
 #: One item of a batch: subject, value, key, headers.
 BatchItem = tuple[str, bytes | None, bytes | None, Mapping[str, bytes] | None]
+#: An idempotent producer's stamp of one message: producer id, epoch, sequence.
+Stamp = tuple[str, int, int]
 
 
 @dataclass(slots=True)
@@ -164,18 +166,41 @@ class Publisher:
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)
             return []
+        batch = await self._send_batch(((item, None) for item in items), ack_policy, window,
+                                       timeout_s)
+        if batch.error is not None:
+            batch.error.add_note(f"message {batch.error_index} of the batch, on subject "
+                                 f"{batch.subjects[batch.error_index]!r}")
+            raise batch.error
+        return batch.all_acks()
+
+    async def publish_stamped(self, items: Iterable[tuple[BatchItem, Stamp]],
+                              ack_policy: AckPolicy | str | None, window: int,
+                              timeout_s: float) -> tuple[list[Ack | None], JetstreamError | None]:
+        """`publish_batch` of messages that each carry an idempotent producer's stamp
+        (jetstream.client.idempotent): what each got (None: no ack) and the first error
+        (AckTimeout too), instead of raising it."""
+        batch = await self._send_batch(iter(items), ack_policy, window, timeout_s)
+        return batch.acks, batch.error
+
+    async def _send_batch(self, items: Iterator[tuple[BatchItem, Stamp | None]],
+                          ack_policy: AckPolicy | str | None, window: int,
+                          timeout_s: float) -> _Batch:
+        """Send `items` with at most `window` un-acked; the batch once every ack came or one
+        failed or timed out (its `error`: the first error, or AckTimeout)."""
         batch = _Batch()
         inbox = f"{self.inbox_prefix}.b{next(self._batch_ids)}"
         ids: list[str] = []
         try:
-            for subject, value, key, headers in items:
+            for (subject, value, key, headers), stamp in items:
                 if batch.outstanding >= window:
                     await self._wait(batch, window - 1, timeout_s)
                 if batch.error is not None:
                     break
                 correlation_id = str(next(self._ids))
+                expect = {} if stamp is None else {"producer": stamp}
                 payload = encode_envelope(value, key, headers, inbox, correlation_id,
-                                          ack_policy, batch_ack=True)
+                                          ack_policy, batch_ack=True, **expect)
                 self._waiters[correlation_id] = (batch, len(batch.acks))
                 ids.append(correlation_id)
                 batch.subjects.append(subject)
@@ -185,14 +210,12 @@ class Publisher:
                 if len(ids) % YIELD_EVERY == 0:
                     await asyncio.sleep(0)  # let nats-py's flusher write what is queued
             await self._wait(batch, 0, timeout_s)
+        except AckTimeout as exc:
+            batch.error, batch.error_index = exc, batch.acks.index(None)
         finally:
             for correlation_id in ids:
                 self._waiters.pop(correlation_id, None)
-        if batch.error is not None:
-            batch.error.add_note(f"message {batch.error_index} of the batch, on subject "
-                                 f"{batch.subjects[batch.error_index]!r}")
-            raise batch.error
-        return batch.all_acks()
+        return batch
 
     async def _wait(self, batch: _Batch, outstanding: int, timeout_s: float) -> None:
         """Until at most `outstanding` messages of the batch wait for acks, or one failed.

@@ -15,7 +15,7 @@ reaches the metadata through the client's router.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import nats
@@ -23,10 +23,10 @@ from nats.aio.client import Client as NatsClient
 
 from jetstream.client.idempotent import IdempotentProducer
 from jetstream.client.partitioner import Partitioner
-from jetstream.client.publisher import BatchItem, Publisher
+from jetstream.client.publisher import BatchItem, Publisher, Stamp
 from jetstream.client.routing import Router
 from jetstream.client.types import Ack, PublishMessage
-from jetstream.errors import BrokerUnavailable, ProtocolError
+from jetstream.errors import BrokerUnavailable, JetstreamError, ProtocolError
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.protocol.frames import MiB
 
@@ -112,6 +112,15 @@ class Publishing:
         data = None if value is None else bytes(value)
         return await publisher.publish(target, data, key, headers, ack_policy, timeout,
                                        **expect)
+
+    async def publish_stamped(self, items: Sequence[tuple[BatchItem, Stamp]],
+                              ack_policy: AckPolicy | str | None, window: int,
+                              timeout: float) -> tuple[list[Ack | None], JetstreamError | None]:
+        """Messages to partition subjects, each with an idempotent producer's stamp
+        (IdempotentProducer.publish_batch): each one's ack or None, and the first error."""
+        publisher = await self._ensure_publisher()
+        self._router.refresh_in_background()
+        return await publisher.publish_stamped(items, ack_policy, window, timeout)
 
     def idempotent_producer(self, producer_id: str | None = None,
                             epoch: int = 0) -> IdempotentProducer:

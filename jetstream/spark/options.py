@@ -130,7 +130,7 @@ class WriteOptions:
     tls: ClientTls = NO_TLS
     #: Publish through an idempotent producer session per task attempt (no duplicates from
     #: retries inside the attempt; a later attempt fences the earlier).
-    idempotent: bool = False
+    idempotent: bool = True
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -277,4 +277,4 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     timeout = _int(options, "ackTimeoutMs", 30_000, 1, 3_600_000)
     assert window is not None and timeout is not None
     return WriteOptions(brokers_option(options), stream, window, timeout / 1000,
-                        tls_option(options), _bool(options, "idempotent", False))
+                        tls_option(options), _bool(options, "idempotent", True))

@@ -4,23 +4,23 @@ Theory of operation: each Spark task publishes its rows through one client: pipe
 batches (up to `window` messages awaiting acks), acked under the stream's ack policy. Columns:
 `value` (required; binary or string), `key` (binary or string; else none), `headers`
 (map<string, binary or string>), `partition` (int; else the key's hash, or round-robin for rows
-without a key) and `subject` (string; else the stream's subject). Delivery is at least once:
-a task that fails after some acks, or a retried task, or a speculative copy of a task,
-publishes rows again, and nothing removes the copies (but see `idempotent` below).
-A failure names the stream and the partition (SparkWriteFailed); Spark retries the task.
-The driver's commit has nothing to do: rows are stored when their task's acks arrive.
+without a key) and `subject` (string; else the stream's subject). A failure names the
+stream and the partition (SparkWriteFailed); Spark retries the task. The driver's commit has
+nothing to do: rows are stored when their task's acks arrive.
 
-With option `idempotent=true` each task attempt publishes through an idempotent producer
-session (jetstream.client.idempotent): producer id `spark-<write>-<task partition>`, epoch
-the attempt number. Publishes retried inside an attempt (timeouts, leader changes) are
-stored once, and a new attempt of the task fences the old one (a zombie speculative copy
-stops with PRODUCER_FENCED): exactly once per task attempt. A retried task still publishes
-its rows again under its new epoch.
+By default (option `idempotent`, true) each task attempt publishes through an idempotent
+producer session (jetstream.client.idempotent), pipelined as above: producer id
+`spark-<write>-<task partition>` (`spark-<write>-<micro-batch>-<task partition>` in a
+streaming query), epoch the attempt number. Publishes retried inside an attempt (timeouts,
+leader changes) are stored once, and a new attempt of the task fences the old one (a zombie
+speculative copy stops with PRODUCER_FENCED): exactly once per task attempt. A retried task
+still publishes its rows again under its new epoch, so across attempts delivery is at least
+once. With `idempotent=false` the task publishes plain pipelined batches: an ack timeout or
+a leader change fails the task, and Spark's retry of it stores again what was acked before.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -36,14 +36,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from jetstream.client.client import connect
-from jetstream.client.idempotent import IdempotentProducer
 from jetstream.client.types import PublishMessage
 from jetstream.errors import JetstreamError, SparkWriteFailed, UnwritableSchema
-from jetstream.protocol.ack import Ack
 from jetstream.protocol.names import is_subject
 from jetstream.spark.cluster_view import run_sync
 from jetstream.spark.options import WriteOptions
 
+#: The local property Spark sets on a streaming query's micro-batch tasks: the batch's id.
+STREAMING_BATCH_ID = "streaming.sql.batchId"
 _WRITABLE = {
     "value": ("binary", "string"),
     "key": ("binary", "string"),
@@ -120,7 +120,8 @@ async def _publish(options: WriteOptions, batches: Iterator[pa.RecordBatch],
                     acks = await client.publish_batch(messages, window=options.window,
                                                       timeout=options.ack_timeout_s)
                 else:
-                    acks = await _publish_idempotent(producer, messages, options)
+                    acks = await producer.publish_batch(messages, window=options.window,
+                                                        timeout=options.ack_timeout_s)
             except JetstreamError as exc:
                 partitions = {m.partition for m in messages}
                 raise SparkWriteFailed(options.stream, partitions.pop() if len(partitions) == 1
@@ -130,19 +131,6 @@ async def _publish(options: WriteOptions, batches: Iterator[pa.RecordBatch],
     return Written(counts)
 
 
-async def _publish_idempotent(producer: IdempotentProducer, messages: list[PublishMessage],
-                             options: WriteOptions) -> list[Ack]:
-    """Publish with at most `window` in flight; sequences follow the rows' order."""
-    room = asyncio.Semaphore(options.window)
-
-    async def one(message: PublishMessage) -> Ack:
-        async with room:
-            return await producer.publish(message.subject, message.value, key=message.key,
-                                          headers=message.headers,
-                                          partition=message.partition,
-                                          timeout=options.ack_timeout_s)
-
-    return list(await asyncio.gather(*(one(m) for m in messages)))
 
 
 class _Publishing:
@@ -158,10 +146,19 @@ class _Publishing:
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         session = None
         if self.options.idempotent:
-            task = TaskContext.get()
-            partition, attempt = (task.partitionId(), task.attemptNumber()) if task else (0, 0)
-            session = (f"spark-{self.write_id}-{partition}", attempt)
+            session = _session(self.write_id, TaskContext.get())
         return run_sync(_publish(self.options, iterator, session))
+
+
+def _session(write_id: str, task: TaskContext | None) -> tuple[str, int]:
+    """The idempotent producer session of a task attempt: (producer id, epoch). A streaming
+    query's writer serves every micro-batch, whose tasks number their partitions from 0
+    again: the batch id keeps their sessions apart."""
+    if task is None:
+        return f"spark-{write_id}-0", 0
+    batch = task.getLocalProperty(STREAMING_BATCH_ID)
+    scope = write_id if batch is None else f"{write_id}-{batch}"
+    return f"spark-{scope}-{task.partitionId()}", task.attemptNumber()
 
 
 class BatchWriter(_Publishing, DataSourceArrowWriter):  # type: ignore[misc]

@@ -140,3 +140,42 @@ async def test_idempotent_producer_across_a_leader_kill_no_duplicates_no_gaps(
     values = [msg.value for msg in result]
     assert sorted(values) == sorted(b"p%d" % n for n in range(MESSAGES))  # once each
     assert sorted(offsets) == list(range(MESSAGES))
+
+
+async def test_an_idempotent_batch_across_a_leader_kill_no_duplicates_no_gaps(
+        cluster: list[BrokerProcess]) -> None:
+    """IdempotentProducer.publish_batch (what the Spark writer uses): the leader is killed
+    while a pipelined batch is in flight; what was not acked is sent again with the same
+    sequences, so the log holds each message once, in the batch's order."""
+    from jetstream.client.types import PublishMessage
+
+    state = await create_stream(cluster[0])
+    leader = by_id(cluster, state["leader"])
+    async with jetstream.connect(",".join(b.address for b in cluster)) as js:
+        producer = js.idempotent_producer("batch-writer")
+        first = await producer.publish_batch(
+            [PublishMessage(SUBJECT, b"b%d" % n) for n in range(MESSAGES // 4)], window=50)
+        assert [a.offset for a in first] == list(range(MESSAGES // 4))
+        rounds = 0
+        send = js.publish_stamped
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal rounds
+            rounds += 1
+            return await send(*args, **kwargs)
+
+        js.publish_stamped = counted  # type: ignore[method-assign]
+        rest = [PublishMessage(SUBJECT, b"b%d" % n) for n in range(MESSAGES // 4, MESSAGES)]
+        batch = asyncio.create_task(producer.publish_batch(
+            rest, window=50, timeout=DEADLINE_S, attempt_timeout=1.0))
+        await asyncio.sleep(0)  # the batch is on its way
+        leader.kill()
+        acks = await batch
+        assert not leader.running and rounds >= 2  # what the kill left unacked went again
+        result = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(result) < MESSAGES:
+            assert time.monotonic() < deadline, f"read {len(result)} messages"
+            result.extend((await js.fetch(STREAM, 0, len(result), max_wait_ms=1000)).messages)
+    assert [msg.value for msg in result] == [b"b%d" % n for n in range(MESSAGES)]
+    assert [a.offset for a in acks] == list(range(MESSAGES // 4, MESSAGES))

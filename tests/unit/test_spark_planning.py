@@ -151,3 +151,37 @@ def test_the_trigger_cap_takes_at_most_the_limit(spans: dict[int, tuple[int, int
     assert all(start[k] <= end[k] <= latest[k] for k in start)
     assert moved == backlog if backlog <= limit else moved <= limit + len(start)
     assert from_json(offsets_json(end)) == end
+
+
+def test_writes_are_idempotent_unless_turned_off() -> None:
+    base = {"brokers": "127.0.0.1:1", "stream": "out"}
+    assert parse_write_options(base).idempotent is True
+    assert parse_write_options({**base, "idempotent": "false"}).idempotent is False
+    with pytest.raises(InvalidSparkOption):
+        parse_write_options({**base, "idempotent": "maybe"})
+
+
+def test_each_task_attempt_and_micro_batch_has_its_own_producer_session() -> None:
+    from jetstream.idempotence.headers import PRODUCER_ID
+    from jetstream.spark.writer import STREAMING_BATCH_ID, _session
+
+    class Task:
+        def __init__(self, partition: int, attempt: int, batch: str | None) -> None:
+            self.partition, self.attempt, self.batch = partition, attempt, batch
+
+        def partitionId(self) -> int:
+            return self.partition
+
+        def attemptNumber(self) -> int:
+            return self.attempt
+
+        def getLocalProperty(self, key: str) -> str | None:
+            return self.batch if key == STREAMING_BATCH_ID else None
+
+    write = "0123456789abcdef"
+    assert _session(write, Task(3, 0, None)) == (f"spark-{write}-3", 0)  # type: ignore[arg-type]
+    assert _session(write, Task(3, 2, None)) == (f"spark-{write}-3", 2)  # type: ignore[arg-type]
+    batches = {_session(write, Task(0, 0, str(b)))[0] for b in (0, 1)}  # type: ignore[arg-type]
+    assert len(batches) == 2
+    longest = _session(write, Task(2**31 - 1, 0, str(2**63 - 1)))  # type: ignore[arg-type]
+    assert PRODUCER_ID.fullmatch(longest[0])
