@@ -10,7 +10,8 @@ leadership. Fetch itself (the replication stream) is a read: reads.py.
 
     op                    request header                        response header
     END_OFFSET_FOR_EPOCH  stream, partition, leader_epoch,      leader_epoch, end_offset
-                          current_leader_epoch=-1               (-1, -1: unknown epoch)
+                          current_leader_epoch=-1               (-1, -1: unknown epoch),
+                                                                log_start_offset
     REPORT_LEADER_FAILURE stream, partition, leader_epoch,      {}
                           reporter
 """
@@ -35,14 +36,18 @@ from jetstream.protocol.frames import Op
 @dataclass(frozen=True, slots=True)
 class EndOffsetForEpochResponse(Response):
     """The largest epoch <= the requested one and the offset after its last record; the
-    current epoch's end is the leader's LEO. -1 and -1 when the leader knows no such epoch."""
+    current epoch's end is the leader's LEO. -1 and -1 when the leader knows no such epoch.
+    `log_start_offset`: the first offset the leader serves, which a truncation step needs
+    too (a replica behind it starts over there)."""
 
     leader_epoch: int
     end_offset: int
+    log_start_offset: int
 
     def __post_init__(self) -> None:
         check_int("leader_epoch", self.leader_epoch, -1, EPOCH_MAX)
         check_int("end_offset", self.end_offset, -1, OFFSET_MAX)
+        check_int("log_start_offset", self.log_start_offset, 0, OFFSET_MAX)
 
 
 @dataclass(frozen=True, slots=True)

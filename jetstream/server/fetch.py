@@ -122,4 +122,5 @@ class Reads:
             raise FencedLeaderEpoch(request.stream, request.partition,
                                     request.current_leader_epoch, current)
         answer = leader.log.end_offset_for_epoch(request.leader_epoch)
-        return m.EndOffsetForEpochResponse(answer.epoch, answer.end_offset)
+        return m.EndOffsetForEpochResponse(answer.epoch, answer.end_offset,
+                                           leader.read_start_offset)

@@ -217,7 +217,7 @@ class PartitionFollower:
             step = plan_truncation(
                 self.log.epochs.entries, self.log.log_end_offset,
                 EpochEndOffset(answer.leader_epoch, answer.end_offset),
-                leader_log_start_offset=await self._leader_log_start(conn))
+                leader_log_start_offset=answer.log_start_offset)
             log.info("%s: truncation step %s (LEO %d)", self.name, step,
                      self.log.log_end_offset)
             if isinstance(step, TruncateTo):
@@ -231,17 +231,6 @@ class PartitionFollower:
                 self.log.truncate_fully_and_start_at(step.start_at)
                 epoch = None
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
-
-    async def _leader_log_start(self, conn: BrokerConnection) -> int:
-        response = await conn.request(m.MetadataRequest([self.stream.name]))
-        assert isinstance(response, m.MetadataResponse)
-        for stream in response.streams:
-            for partition in stream.get("partitions", []):
-                if partition.get("partition") == self.state.partition:
-                    start = partition.get("log_start_offset")
-                    if isinstance(start, int):
-                        return start
-        raise OSError(f"broker {self.state.leader} does not describe {self.name}")
 
     # -- fetching -------------------------------------------------------------------------------
 

@@ -121,7 +121,8 @@ responses = st.one_of(
     st.builds(m.ListStreamsResponse, streams=st.lists(stream_descriptions, max_size=3)),
     st.builds(m.OffsetForTimestampResponse, offset=st.integers(-1, m.OFFSET_MAX)),
     st.builds(m.EndOffsetForEpochResponse, leader_epoch=st.integers(-1, m.EPOCH_MAX),
-              end_offset=st.integers(-1, m.OFFSET_MAX)),
+              end_offset=st.integers(-1, m.OFFSET_MAX),
+              log_start_offset=st.integers(0, m.OFFSET_MAX)),
     st.builds(m.FetchOffsetResponse, offsets=st.lists(st.fixed_dictionaries(
         {"stream": names, "partition": partitions, "offset": st.integers(-1, m.OFFSET_MAX),
          "metadata": st.text(max_size=50)}), max_size=3)),
@@ -286,7 +287,10 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
          "leader_epoch"),
         (m.EndOffsetForEpochRequest, {"stream": "s", "partition": 0, "leader_epoch": 0,
                                       "current_leader_epoch": -2}, "current_leader_epoch"),
-        (m.EndOffsetForEpochResponse, {"leader_epoch": -1, "end_offset": -2}, "end_offset"),
+        (m.EndOffsetForEpochResponse, {"leader_epoch": -1, "end_offset": -2,
+                                       "log_start_offset": 0}, "end_offset"),
+        (m.EndOffsetForEpochResponse, {"leader_epoch": -1, "end_offset": -1},
+         "log_start_offset"),
         (m.CommitOffsetRequest, {"group": "g g", "offsets": [
             {"stream": "s", "partition": 0, "offset": 0}]}, "group"),
         (m.CommitOffsetRequest, {"group": "g", "offsets": [
