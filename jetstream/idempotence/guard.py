@@ -150,6 +150,29 @@ class Guard:
         if key in keys:
             del keys[key]
         keys[key] = offset
+        if len(keys) > self.limits.keys_max:
+            self._evict()
+
+    def learn_older_keys(self, older: Mapping[bytes, int], scanned_from: int,
+                         scanned_to: int) -> bool:
+        """The latest offset of each key in the records at [scanned_from, scanned_to), in
+        offset order, read while this guard tracked keys from `scanned_to` on (a new leader
+        reads its older records in the background): they go before the keys learned since,
+        less those written again since, and the guard tracks keys from `scanned_from`. False
+        (nothing learned) when the guard dropped keys meanwhile (past `keys_max`) and now
+        tracks from later than `scanned_to`: the older ones would be dropped first anyway."""
+        if not self.track_keys or self.keys_from != scanned_to:
+            return False
+        merged = collections.OrderedDict(
+            (key, offset) for key, offset in older.items() if key not in self.keys)
+        merged.update(self.keys)
+        self.keys = merged
+        self.keys_from = scanned_from
+        self._evict()
+        return True
+
+    def _evict(self) -> None:
+        keys = self.keys
         while len(keys) > self.limits.keys_max:
             _evicted, evicted_offset = keys.popitem(last=False)
             self.keys_from = max(self.keys_from, evicted_offset + 1)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Mapping
 from concurrent.futures import Executor
 from typing import Any
@@ -40,13 +41,15 @@ from jetstream.idempotence.guard import (
     ProducerSequence,
     Refused,
 )
-from jetstream.idempotence.replay import rebuild
+from jetstream.idempotence.replay import rebuild, scan_keys
 from jetstream.protocol.envelope import Envelope
 from jetstream.protocol.names import Selector, parse_selector
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.config import BrokerConfig
 from jetstream.stream.format import Record
 from jetstream.stream.log import Log, wall_clock_ms
+
+_log = logging.getLogger(__name__)
 
 EXPECTED_OFFSET = "Jetstream-Expected-Offset"
 NATS_EXPECTED_LAST_SEQUENCE = "Nats-Expected-Last-Sequence"
@@ -72,19 +75,52 @@ def limits_for(stream: StreamConfig, config: BrokerConfig) -> GuardLimits:
 
 
 class PartitionGuard:
-    """A leader's guard: None until `load` rebuilt it from the log."""
+    """A leader's guard: None until `load` rebuilt it from the log. On a compacted stream
+    `load` reads the log's tail only; `load_older_keys` (run by the leader once it serves)
+    reads the keys of the older records, and until it has, a key expectation waits for it
+    (`keys_loaded`)."""
 
     def __init__(self, stream: StreamConfig, config: BrokerConfig) -> None:
         self._stream = stream
         self._config = config
         self.guard: Guard | None = None
+        self._older_keys = asyncio.Event()
+        self._older_keys.set()
 
     async def load(self, log: Log, executor: Executor | None) -> None:
         """Rebuild from the log (in a worker thread: it reads the log's tail)."""
         limits = limits_for(self._stream, self._config)
-        self.guard = await asyncio.get_running_loop().run_in_executor(
+        guard = await asyncio.get_running_loop().run_in_executor(
             executor, functools.partial(rebuild, log, limits, wall_clock_ms(),
                                         track_keys=self._stream.cleanup_policy.compacts))
+        if guard.track_keys and guard.keys_from > log.log_start_offset:
+            self._older_keys.clear()
+        self.guard = guard
+
+    @property
+    def keys_pending(self) -> bool:
+        """The keys of records older than the tail `load` read are not known yet."""
+        return not self._older_keys.is_set()
+
+    async def keys_loaded(self) -> None:
+        """Until `load_older_keys` ended (learned them, failed or was cancelled)."""
+        await self._older_keys.wait()
+
+    async def load_older_keys(self, log: Log, executor: Executor | None) -> None:
+        """Read the keys of the records before the tail `load` read (in a worker thread) and
+        hand them to the guard: from then on it judges key expectations on every key."""
+        try:
+            guard = self.guard
+            if guard is None or not self.keys_pending:
+                return
+            start, end = log.log_start_offset, guard.keys_from
+            older = await asyncio.get_running_loop().run_in_executor(
+                executor, scan_keys, log, start, end)
+            if guard.learn_older_keys(older, start, end):
+                _log.info("%s: keys of offsets [%d, %d) learned (%d keys)", log.directory,
+                          start, end, len(older))
+        finally:
+            self._older_keys.set()
 
     def reconfigure(self, stream: StreamConfig, log: Log) -> None:
         self._stream = stream

@@ -103,6 +103,13 @@ def take_messages(msgs: list[NatsMsg], stream: StreamConfig, refuse_all: bool,
     return IngestBatch(records, targets, errors, expects)
 
 
+def asks_key_offsets(batch: IngestBatch) -> bool:
+    """Whether a publish of the batch expects a key's last offset."""
+    return batch.expects is not None and any(
+        isinstance(e, Expectations) and e.expected_key_offset is not None
+        for e in batch.expects)
+
+
 def apply_verdicts(batch: IngestBatch, guard_pass: Pass) -> None:
     """Judge the batch's records in order and keep those admitted (see the module doc)."""
     expects = batch.expects

@@ -80,6 +80,7 @@ from jetstream.server.housekeeping import Housekeeping
 from jetstream.server.ingest_batch import (
     IngestBatch,
     apply_verdicts,
+    asks_key_offsets,
     encode_acks,
     take_messages,
 )
@@ -193,6 +194,9 @@ class PartitionLeader:
                                                    name=f"ingest {self.name}"))
         if self._always:
             self._tasks.append(asyncio.create_task(self._sync_loop(), name=f"sync {self.name}"))
+        if self.guarded.keys_pending:  # a compacted log's older keys, read while serving
+            self._tasks.append(asyncio.create_task(
+                self.guarded.load_older_keys(self.log, self._executor), name=f"keys {self.name}"))
         self._housekeeping.start()
 
     def _start_replication(self, replication: Replication) -> None:
@@ -311,6 +315,8 @@ class PartitionLeader:
         refuse_all = self._refuse_all()
         batch = take_messages(msgs, self.stream, refuse_all, self._not_enough_replicas)
         self.metrics.errors += len(batch.errors)
+        if self.guarded.keys_pending and asks_key_offsets(batch):
+            await self.guarded.keys_loaded()
         info: AppendInfo | None = None
         # Judged and appended with no await between: no other append comes in between.
         guard_pass = (self.guarded.begin(self.log)
@@ -394,6 +400,8 @@ class PartitionLeader:
         await self._tier_ready.wait()
         if self._stopping or (expect is not None and self.guarded.guard is None):
             raise NotLeader(self.stream.name, self.state.partition)  # not (yet) leading
+        if expect is not None and expect.expected_key_offset is not None:
+            await self.guarded.keys_loaded()
         await self._wait_for_room()
         if self._disk is not None:
             self._disk.check(len(records))

@@ -188,3 +188,28 @@ async def test_registers_from_the_client_and_the_cli(broker: BrokerProcess,
     assert document == {"stream": "locks", "partition": 0, "registers": {"holder": "w1"}}
     unknown = cli("registers", "nope")
     assert unknown.returncode != 0 and "UNKNOWN_STREAM" in unknown.stderr + unknown.stdout
+
+
+async def test_key_expectations_right_after_a_restart_of_a_compacted_stream(
+        broker: BrokerProcess, js: Client) -> None:
+    """A leader starts once it read its log's tail (the duplicate window); it learns the
+    keys of the older records in the background, and a key expectation waits for them."""
+    from jetstream.client.types import PublishMessage
+
+    await js.create_stream("cas", "cas.in", cleanup_policy="compact", duplicate_window_ms=200)
+    acks = await js.publish_batch(
+        [PublishMessage("cas.in", b"v%d" % i, b"k%d" % (i % 50)) for i in range(1000)])
+    latest = {b"k%d" % (i % 50): ack.offset for i, ack in enumerate(acks)}
+    loop = asyncio.get_running_loop()
+    acked_at = loop.time()
+    while loop.time() - acked_at < 0.4:  # every record now lies outside the 200 ms window
+        await asyncio.sleep(0.05)
+    broker.extra_args = (*broker.extra_args, "--verbose")  # INFO lines: what it learned
+    broker.restart()
+    ack = await js.publish("cas.in", b"new", key=b"k7", expected_last_offset_for_key=latest[b"k7"])
+    assert ack is not None and ack.offset > latest[b"k7"]
+    with pytest.raises(KeyOffsetMismatch):
+        await js.publish("cas.in", b"stale", key=b"k8", expected_last_offset_for_key=0)
+    assert await js.publish("cas.in", b"first", key=b"fresh",
+                            expected_last_offset_for_key=-1) is not None
+    assert "keys of offsets [0, " in broker.log_tail()  # learned after the leader started

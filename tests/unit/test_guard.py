@@ -33,7 +33,7 @@ from jetstream.idempotence.guard import (
     Refused,
     Verdict,
 )
-from jetstream.idempotence.replay import rebuild
+from jetstream.idempotence.replay import rebuild, scan_keys
 from jetstream.protocol.names import parse_selector
 from jetstream.stream import format as fmt
 from jetstream.stream.log import Log
@@ -345,7 +345,8 @@ def test_rebuild_reads_the_window_and_the_last_register_change(tmp_path: Path) -
     log.close()
 
 
-def test_rebuild_of_a_compacted_stream_knows_every_key(tmp_path: Path) -> None:
+def test_rebuild_of_a_compacted_stream_and_its_older_keys_know_every_key(
+        tmp_path: Path) -> None:
     clock = Clock()
     log = make(tmp_path, clock, segment_bytes_max=4096)
     guard = Guard(GuardLimits(), track_keys=True)
@@ -353,7 +354,10 @@ def test_rebuild_of_a_compacted_stream_knows_every_key(tmp_path: Path) -> None:
         _append_admitted(log, guard, Expectations(), f"k{i % 7}".encode(), clock.now)
         clock.now += 10_000
     rebuilt = rebuild(log, GuardLimits(), clock.now, track_keys=True)
-    assert dict(rebuilt.keys) == dict(guard.keys)
+    assert 0 < rebuilt.keys_from < log.log_end_offset  # the window's tail only
+    assert rebuilt.learn_older_keys(scan_keys(log, 0, rebuilt.keys_from), 0,
+                                    rebuilt.keys_from)
+    assert list(rebuilt.keys.items()) == list(guard.keys.items())
     p = rebuilt.begin(log.log_end_offset, log.log_start_offset, clock.now)
     assert isinstance(p.admit(Expectations(expected_key_offset=KEY_ABSENT), [b"nope"]),
                       Admitted)
@@ -374,3 +378,57 @@ def test_admit_id_is_admit_of_an_id_alone() -> None:
     p.commit()
     assert guard.keys[b"k"] == 5
     assert guard.begin(6, 0, T0).admit_id("a", None) == 5
+
+
+# -- a compacted log's older keys, learned after the leader started --------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.sampled_from([b"a", b"b", b"c", b"d", b"e", None]), max_size=40),
+       data=st.data(), keys_max=st.sampled_from([2, 3, 1_000]))
+def test_older_keys_learned_later_give_the_guard_a_whole_replay_gives(
+        keys: list[bytes | None], data: st.DataObject, keys_max: int) -> None:
+    """A new leader reads its log's tail, starts, appends, and learns the keys of the older
+    records in the background: it then knows what replaying the whole log would tell it."""
+    limits = GuardLimits(keys_max=keys_max)
+    split = data.draw(st.integers(0, len(keys)), label="tail starts at")
+    started = data.draw(st.integers(split, len(keys)), label="leader starts at")
+    whole = Guard(limits, track_keys=True)
+    for offset, key in enumerate(keys):
+        whole.replay(offset, T0, key, {})
+    guard = Guard(limits, track_keys=True, keys_from=split)
+    for offset in range(split, started):  # the tail `rebuild` reads
+        guard.replay(offset, T0, keys[offset], {})
+    for offset in range(started, len(keys)):  # appends while the older keys are read
+        p = guard.begin(offset, 0, T0)
+        p.plain([keys[offset]])
+        p.commit()
+    older: dict[bytes, int] = {}
+    for offset, key in enumerate(keys[:split]):
+        if key is not None:
+            older.pop(key, None)
+            older[key] = offset
+    guard.learn_older_keys(older, 0, split)
+    assert list(guard.keys.items()) == list(whole.keys.items())
+    assert guard.keys_from == whole.keys_from
+
+
+def test_a_key_expectation_before_the_older_keys_are_learned_is_not_judged(
+        tmp_path: Path) -> None:
+    clock = Clock()
+    limits = GuardLimits(duplicate_window_ms=60_000)
+    log = make(tmp_path, clock, segment_bytes_max=4096)
+    guard = Guard(limits, track_keys=True)
+    for i in range(60):
+        _append_admitted(log, guard, Expectations(), f"k{i % 9}".encode(), clock.now)
+    clock.now += 120_000  # all outside the window: the tail starts at the log end
+    rebuilt = rebuild(log, limits, clock.now, track_keys=True)
+    assert rebuilt.keys_from == log.log_end_offset and not rebuilt.keys
+    p = rebuilt.begin(log.log_end_offset, log.log_start_offset, clock.now)
+    assert isinstance(p.admit(Expectations(expected_key_offset=59), [b"k5"]), Refused)
+    older = scan_keys(log, log.log_start_offset, rebuilt.keys_from)
+    assert rebuilt.learn_older_keys(older, log.log_start_offset, rebuilt.keys_from)
+    assert dict(rebuilt.keys) == dict(guard.keys)
+    p = rebuilt.begin(log.log_end_offset, log.log_start_offset, clock.now)
+    assert isinstance(p.admit(Expectations(expected_key_offset=59), [b"k5"]), Admitted)
+    log.close()
