@@ -151,12 +151,13 @@ class Admin:
                 if leader.tier is not None:
                     entry["stored"] = leader.tier.describe(leader.log)
             partitions.append(entry)
-        held_here = {k for k, _s, _log, _hw in self._roles.replicas() if k[0] == name}
+        # This stream's replicas only: a walk over every replica held here, for each stream
+        # of a listing, would cost the square of the partitions held.
+        held = {k: (log_, hw) for k, _s, log_, hw in self._roles.replicas((name,))}
         for entry in partitions:
-            if (name, entry["partition"]) in held_here:  # this broker's copy of it
+            if (name, entry["partition"]) in held:  # this broker's copy of it
                 entry["integrity"] = self.integrity.describe((name, entry["partition"]))
         if config.cleanup_policy.compacts:
-            held = {k: (log_, hw) for k, _s, log_, hw in self._roles.replicas() if k[0] == name}
             for entry in partitions:
                 found = held.get((name, entry["partition"]))
                 if found is not None:  # this broker's copy of it (each replica compacts alone)
