@@ -38,6 +38,7 @@ from jetstream.client.connection import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, RE
 from jetstream.client.group_subscription import GroupMessage, GroupSubscription
 from jetstream.client.subscription import Subscription
 from jetstream.client.types import BrokerInfo, Message
+from jetstream.protocol import messages as m
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -241,6 +242,7 @@ def connect(
     user: str | None = None,
     password: str | None = None,
     token: str | None = None,
+    credentials: m.Credentials | None = None,
 ) -> SyncClient:
     """A started SyncClient; takes the arguments of jetstream.client.connect. Raises
     BrokerUnavailable when no bootstrap broker answers."""
@@ -249,4 +251,4 @@ def connect(
         request_timeout_s=request_timeout_s, requests_max=requests_max,
         metadata_max_age_s=metadata_max_age_s, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert,
         tls_key=tls_key, nats_options=nats_options, user=user, password=password,
-        token=token))
+        token=token, credentials=credentials))
