@@ -177,8 +177,8 @@ def test_loopback_needs_nothing_and_every_other_address_names_what_it_lacks() ->
 def test_health_lists_open_listeners_only_when_started_insecure() -> None:
     exposed = BrokerConfig(host="10.0.0.5", http_port=-1, insecure=True)
     assert insecure_listeners(exposed, exposed.insecure) == [
-        "socket API on 10.0.0.5 needs tls_cert/tls_key and tls_verify_client (with tls_ca) "
-        "or authentication"]
+        ("socket API on 10.0.0.5 needs tls_cert/tls_key and tls_verify_client (with tls_ca) "
+        "or authentication")]
     assert insecure_listeners(BrokerConfig(insecure=True), True) == []
     assert insecure_listeners(BrokerConfig(host="10.0.0.5"), False) is None
 
