@@ -78,3 +78,18 @@ def test_settings_that_go_together() -> None:
     config = BrokerConfig(authentication=True, authorization=True, super_users="a, b")
     assert config.super_user_set == frozenset({"a", "b"})
     assert BrokerConfig.load(env={"JETSTREAM_AUTHENTICATION": "true"}).authentication
+
+
+def test_spark_options_carry_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jetstream.errors import InvalidSparkOption
+    from jetstream.spark.options import tls_option
+
+    for name in ("USER", "PASSWORD", "TOKEN"):
+        monkeypatch.delenv(f"JETSTREAM_CLIENT_{name}", raising=False)
+    options = tls_option({"user": "alice", "password": "pw"})
+    assert options.connect_options()["user"] == "alice"
+    assert options.connect_options()["password"] == "pw" and "pw" not in repr(options)
+    monkeypatch.setenv("JETSTREAM_CLIENT_TOKEN", "bob:s")
+    assert tls_option({}).connect_options()["token"] == "bob:s"
+    with pytest.raises(InvalidSparkOption):
+        tls_option({"user": "alice"})
