@@ -191,8 +191,9 @@ class BrokerConfig:
     #: principals) may do anything. Needs `authentication`.
     authorization: bool = False
     super_users: str = ""
-    #: Requests one principal may have in flight on this broker at once (socket API, every
-    #: connection of it together); past it, TOO_MANY_IN_FLIGHT. Brokers have no limit.
+    #: Requests one principal may have in flight on this broker at once (socket and HTTP
+    #: APIs, every connection of it together); past it, TOO_MANY_IN_FLIGHT. Brokers have no
+    #: limit.
     principal_requests_max: int = 4096
 
     def __post_init__(self) -> None:

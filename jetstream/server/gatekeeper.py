@@ -12,7 +12,7 @@ Theory of operation: the socket API and the HTTP API ask one `Gatekeeper` three 
   logged (principal, operation, resource). Listing requests (METADATA, LIST_STREAMS) are
   not refused: `visible` filters their answers to the streams the principal may describe.
 - Has it room? `admit(principal)` counts each principal's requests in flight on this broker
-  (every connection together) and refuses past `principal_requests_max`
+  (every connection of both APIs together) and refuses past `principal_requests_max`
   (TOO_MANY_IN_FLIGHT); brokers are not limited.
 Without `authentication` every connection is the anonymous principal and nothing is checked;
 without `authorization` an authenticated principal may do anything.

@@ -9,6 +9,8 @@ the same users as the socket API — and answers 401 UNAUTHENTICATED (with
 (operation, resource) pairs the route needs (`_NEEDS`, by method and path template; a route
 not in the table needs `cluster_admin`), answering 403 NOT_AUTHORIZED. The principal is
 kept in `request.state.principal`: `GET /streams` lists only the streams it may describe.
+While the route runs the request holds one of the principal's in-flight slots (shared with
+the socket API: `principal_requests_max`; 429 TOO_MANY_IN_FLIGHT past it).
 
 uvicorn does not hand a client certificate to the application, so an HTTP request's
 principal always comes from its credentials; `http_tls_verify_client` still refuses
@@ -20,7 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Body, FastAPI, Query, Request
@@ -120,15 +122,17 @@ async def needs(request: Request, method: str, path: str) -> list[Need]:
     return [(operation, "stream", name)] if isinstance(name, str) else []
 
 
-def guard(gate: Gatekeeper) -> Callable[[Request], Awaitable[None]]:
-    """The app-wide dependency: authenticate, then authorize, each request."""
+def guard(gate: Gatekeeper) -> Callable[[Request], AsyncIterator[None]]:
+    """The app-wide dependency: authenticate, then authorize, each request, and hold one
+    of its principal's in-flight slots while the route runs."""
 
-    async def check(request: Request) -> None:
+    async def check(request: Request) -> AsyncIterator[None]:
         route: BaseRoute | None = request.scope.get("route")
         path = getattr(route, "path", request.url.path)
         method = request.method
         request.state.principal = ANONYMOUS
         if (method, path) in OPEN_ROUTES or not gate.authentication:
+            yield
             return
         header = request.headers.get("authorization")
         if not header:
@@ -136,10 +140,11 @@ def guard(gate: Gatekeeper) -> Callable[[Request], Awaitable[None]]:
                                   "base64(user:password) or Bearer user:secret")
         principal = await gate.authenticate(credentials_of(header), "HTTP API")
         request.state.principal = principal
-        if (method, path) in AUTHENTICATED_ROUTES:
-            return
-        for operation, resource_type, name in await needs(request, method, path):
-            gate.check_one(principal, operation, resource_type, name)
+        if (method, path) not in AUTHENTICATED_ROUTES:
+            for operation, resource_type, name in await needs(request, method, path):
+                gate.check_one(principal, operation, resource_type, name)
+        with gate.admit(principal):
+            yield
 
     return check
 

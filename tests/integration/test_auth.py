@@ -130,6 +130,8 @@ async def test_every_operation_allowed_and_refused_per_acl(secured: BrokerProces
             await alice.acl_add([{**entries[0], "pattern": "*"}])
         with pytest.raises(NotAuthorized):
             await alice.list_groups()
+        with pytest.raises(NotAuthorized):  # internal streams: brokers only, super users too
+            await admin.delete_stream("__offsets")
         # Removing an entry takes the right away again.
         assert await admin.acl_remove(entries[:1]) == 1
         with pytest.raises(NotAuthorized):
@@ -227,6 +229,18 @@ async def test_in_flight_limit_per_principal(secured: BrokerProcess) -> None:
         results = await asyncio.gather(*waits)
         assert all(r.messages == [] for r in results)
         assert (await bob.fetch("slow", 0, 0, max_wait_ms=10)).messages == []
+    # The HTTP API holds the same slots: long-polling reads, then a fifth refused with 429.
+    url = f"{secured.http_url}/streams/slow/partitions/0/messages"
+    async with httpx.AsyncClient(timeout=30) as http:
+        polls = [asyncio.create_task(http.get(url, params={"wait_ms": 3000},
+                                              headers=basic("bob"))) for _ in range(4)]
+        await asyncio.sleep(0.5)
+        refused = await http.get(url, headers=basic("bob"))
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "TOO_MANY_IN_FLIGHT"
+        assert [p.status_code for p in await asyncio.gather(*polls)] == [200] * 4
+        assert (await http.get(url, headers=basic("bob"))).status_code == 200
+    assert metric(secured, "in_flight_refusals_total") == 2
 
 
 async def test_client_certificate_names_the_principal(tmp_path: Path, nats_url: str,
