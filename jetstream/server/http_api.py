@@ -56,7 +56,12 @@ from jetstream.server.api import HttpServices
 from jetstream.server.config import BrokerConfig
 from jetstream.server.gatekeeper import Gatekeeper
 from jetstream.server.guarded import from_http
-from jetstream.server.http_auth import add_acl_routes, guard, principal_of
+from jetstream.server.http_auth import (
+    PeerPrincipalProtocol,
+    add_acl_routes,
+    guard,
+    principal_of,
+)
 from jetstream.server.http_groups import BrokerClient, add_group_routes
 from jetstream.stream.format import Record, StoredRecord, decode_batches
 
@@ -468,7 +473,7 @@ class HttpServer:
         context = server_ssl(config.http_tls)
         uv_config = uvicorn.Config(
             build_app(self._services, self._broker_client, self._gate, self._acls),
-            log_level="warning", lifespan="off", access_log=False,
+            log_level="warning", lifespan="off", access_log=False, http=PeerPrincipalProtocol,
             limit_concurrency=config.http_connections_max,
             # The process's live context, which SIGHUP reloads (jetstream.security.tls).
             ssl_context_factory=None if context is None else lambda *_: context)

@@ -12,13 +12,16 @@ kept in `request.state.principal`: `GET /streams` lists only the streams it may 
 While the route runs the request holds one of the principal's in-flight slots (shared with
 the socket API: `principal_requests_max`; 429 TOO_MANY_IN_FLIGHT past it).
 
-uvicorn does not hand a client certificate to the application, so an HTTP request's
-principal always comes from its credentials; `http_tls_verify_client` still refuses
-clients without a certificate of the CA.
+A client certificate the HTTP listener verified (`http_tls_verify_client`) names the
+principal too, as on the socket API (its CN), when the request carries no `Authorization`
+header: uvicorn hands no certificate to the application, so `PeerPrincipalProtocol` (the
+HTTP protocol uvicorn runs) reads it from the connection's TLS transport once the handshake
+is done and puts it in each request's scope.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -27,10 +30,12 @@ from typing import Any
 
 from fastapi import Body, FastAPI, Query, Request
 from starlette.routing import BaseRoute
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from jetstream.errors import InvalidAcl, Unauthenticated
 from jetstream.protocol import messages as m
 from jetstream.security.acl import CLUSTER
+from jetstream.security.auth import certificate_principal
 from jetstream.server.acl_admin import AclAdmin
 from jetstream.server.gatekeeper import ANONYMOUS, Gatekeeper, Need
 
@@ -122,6 +127,27 @@ async def needs(request: Request, method: str, path: str) -> list[Need]:
     return [(operation, "stream", name)] if isinstance(name, str) else []
 
 
+#: The scope key under which a verified client certificate's principal travels.
+PEER_PRINCIPAL = "jetstream.peer_principal"
+
+
+class PeerPrincipalProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+    """uvicorn's HTTP protocol, which adds the principal of a verified client certificate
+    (its CN) to the scope of every request of the connection."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        principal = certificate_principal(transport.get_extra_info("peercert"))
+        if principal is not None:
+            app: Any = getattr(self, "app")  # noqa: B009 (set by uvicorn; untyped here)
+
+            async def tagged(scope: dict[str, Any], receive: Any, send: Any) -> None:
+                scope[PEER_PRINCIPAL] = principal
+                await app(scope, receive, send)
+
+            self.app = tagged
+        super().connection_made(transport)
+
+
 def guard(gate: Gatekeeper) -> Callable[[Request], AsyncIterator[None]]:
     """The app-wide dependency: authenticate, then authorize, each request, and hold one
     of its principal's in-flight slots while the route runs."""
@@ -135,10 +161,15 @@ def guard(gate: Gatekeeper) -> Callable[[Request], AsyncIterator[None]]:
             yield
             return
         header = request.headers.get("authorization")
-        if not header:
+        peer = request.scope.get(PEER_PRINCIPAL)
+        if header:
+            principal = await gate.authenticate(credentials_of(header), "HTTP API")
+        elif isinstance(peer, str):
+            principal = peer
+        else:
             raise Unauthenticated("this broker needs credentials: Authorization: Basic "
-                                  "base64(user:password) or Bearer user:secret")
-        principal = await gate.authenticate(credentials_of(header), "HTTP API")
+                                  "base64(user:password) or Bearer user:secret, or a client "
+                                  "certificate it verifies")
         request.state.principal = principal
         if (method, path) not in AUTHENTICATED_ROUTES:
             for operation, resource_type, name in await needs(request, method, path):

@@ -22,6 +22,7 @@ import jetstream
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import NotAuthorized, TooManyInFlight, Unauthenticated
 from jetstream.protocol import messages as m
+from jetstream.security.tls import client_context
 from jetstream.server.process import BrokerProcess
 from tests.pki import Pki, broker_tls_args
 
@@ -259,6 +260,16 @@ async def test_client_certificate_names_the_principal(tmp_path: Path, nats_url: 
             with pytest.raises(NotAuthorized) as refused:
                 await js.delete_stream("certified")
             assert refused.value.principal == "dave"
+        # The HTTP API takes the same principals from the certificates.
+        for leaf, status in ((carol, 200), (dave, 403)):
+            context = client_context(pki.ca, leaf.cert, leaf.key)
+            async with httpx.AsyncClient(verify=context, base_url=process.http_url) as http:
+                answer = await http.get("/streams/certified")
+                assert answer.status_code == status, answer.text
+        async with httpx.AsyncClient(verify=client_context(pki.ca, dave.cert, dave.key),
+                                     base_url=process.http_url) as http:
+            assert (await http.delete("/streams/certified")).json()["error"]["principal"] \
+                == "dave"
     finally:
         process.stop()
 
