@@ -124,7 +124,7 @@ async def needs(request: Request, method: str, path: str) -> list[Need]:
         return [(operation, "stream", str(params["name"]))]
     body = await _body(request)
     name = body.get("name") if isinstance(body, dict) else None
-    return [(operation, "stream", name)] if isinstance(name, str) else []
+    return [(operation, "stream", name if isinstance(name, str) else "")]
 
 
 #: The scope key under which a verified client certificate's principal travels.

@@ -10,7 +10,8 @@ prefix and header followed by record batches sent straight from the segment file
 into one write instead (a fetch session answers many partitions with a few batches each).
 
 With `tls_cert` set the port speaks TLS only (a plain-text client fails the handshake); a
-handshake not finished within `tls_handshake_timeout_ms`, a HELLO not received within
+handshake not finished within `tls_handshake_timeout_ms`, refused credentials
+(AUTHENTICATE answered UNAUTHENTICATED), a HELLO not received within
 HELLO_TIMEOUT_S, and a request frame begun but not finished within `request_timeout_ms`
 (a stalled or deliberately slow sender) close the connection. Past `connections_max` open
 connections a new one is answered `TOO_MANY_CONNECTIONS` and closed.
@@ -235,7 +236,10 @@ class Connection:
             answer = self._encode(frame, await self._answer(request))
         except JetstreamError as exc:
             metrics.request_errors_total += 1
-            answer = Answer(m.encode_error(frame.correlation_id, frame.op, exc))
+            # Refused credentials close the connection (each guess costs a new one).
+            answer = Answer(m.encode_error(frame.correlation_id, frame.op, exc),
+                            close_after=frame.op == frames.Op.AUTHENTICATE
+                            and isinstance(exc, Unauthenticated))
         except Exception as exc:
             log.exception("request %s failed", frame.op)
             metrics.request_errors_total += 1

@@ -20,7 +20,7 @@ from argon2 import PasswordHasher
 
 import jetstream
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import NotAuthorized, TooManyInFlight, Unauthenticated
+from jetstream.errors import BrokerUnavailable, NotAuthorized, TooManyInFlight, Unauthenticated
 from jetstream.protocol import messages as m
 from jetstream.security.tls import client_context
 from jetstream.server.process import BrokerProcess
@@ -80,6 +80,15 @@ async def test_passwords_right_and_wrong(secured: BrokerProcess) -> None:
         assert isinstance(listed, m.MetadataResponse) and listed.streams == []  # no describe
     finally:
         await conn.close()
+    guesser = BrokerConnection(secured.address, client_id="guesser")
+    await guesser.open()
+    try:
+        with pytest.raises(Unauthenticated):
+            await guesser.request(m.AuthenticateRequest("bob", "Gu3ss-x7"))
+        with pytest.raises(BrokerUnavailable):  # a refusal closes the connection
+            await guesser.request(m.AuthenticateRequest("bob", "Gu3ss-x8"))
+    finally:
+        await guesser.close()
     async with jetstream.connect(secured.address, token=f"alice:{PASSWORDS['alice']}") as js:
         with pytest.raises(NotAuthorized):
             await js.create_stream("alices", "alices.in")
