@@ -218,6 +218,9 @@ def test_cli_acl_commands_and_refusals(secured: BrokerProcess) -> None:
     assert cli(secured, "admin", "acl", "remove", "--principal", "bob", "--operation",
                "describe", "--stream", "metric*").returncode == 0
     assert cli(secured, "bob", "stream", "info", "metrics").returncode == 1
+    status = cli(secured, "admin", "cluster", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["brokers"][0]["nats_url"]  # each broker's own report
     hashed = subprocess.run([sys.executable, "-m", "jetstream.cli", "user", "hash", "carol"],
                             input="pw\n", capture_output=True, text=True, timeout=60)
     name, _, encoded = hashed.stdout.strip().partition(":")
