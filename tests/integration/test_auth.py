@@ -295,3 +295,14 @@ def test_authentication_off_keeps_everything_open(tmp_path: Path, nats_url: str)
         assert answer == {"streams": []}
     finally:
         process.stop()
+
+
+async def test_a_single_broker_keeps_its_acls_across_a_restart(secured: BrokerProcess) -> None:
+    entry = {"principal": "bob", "permission": "deny", "operation": "all",
+             "resource_type": "group", "pattern": "x*"}
+    async with login(secured, "admin") as admin:
+        assert await admin.acl_add([entry]) == 1
+    secured.stop()
+    secured.start()
+    async with login(secured, "admin") as admin:
+        assert [e.to_dict() for e in await admin.acl_list()] == [entry]
