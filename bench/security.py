@@ -8,8 +8,12 @@ Theory of operation
   TLS with its certificate (the fast ingest client upgrades after INFO), and in the R3
   cluster an encrypted, authenticated metadata Raft group (`raft_password_file`). The
   publisher and the reader are clients over TLS too. Certificates come from a throwaway CA
-  (jetstream.security.certs). Plain (`off`): the same processes and workloads without any
-  of it. Authorization (ACLs) is not built yet: it is not in these figures.
+  (jetstream.security.certs). The secured brokers also run `authentication` and
+  `authorization`: the bench's client authenticates as the user `bench` (password checked
+  against its argon2id hash) and every socket request of it is checked against ACL entries
+  (create, delete, read on the stream `sec*`) that a super user added first; a stream's
+  creation needs `create`, each catch-up fetch `read`. Plain (`off`): the same processes and
+  workloads without any of it. (Ingest comes through NATS, which no ACL sees.)
 - Ingest: bench.common's pipelined raw nats-py publisher (`nc.publish(subject, payload,
   reply=inbox.N)`, `window` un-acked), 128 B messages; R1 with ack `leader`, R3 (3 brokers,
   min_isr 2) with ack `all`. Catch-up: a stream filled beforehand, then read whole from the
@@ -51,10 +55,17 @@ from jetstream.natsd import ServerTls, free_ports
 from jetstream.raft_meta.fsm import RegisterBroker
 from jetstream.raft_meta.model import BrokerInfo
 from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.security.auth import hash_password
 from jetstream.security.certs import ensure_leaves
 from jetstream.security.tls import client_context
 
 PAYLOAD = b"x" * 128
+#: The secured brokers' users: a super user that grants the ACLs, and the bench's client.
+PASSWORDS = {"admin": "bench-admin-password", "bench": "bench-client-password"}
+#: What the bench's client may do on the secured brokers.
+GRANTS = [{"principal": "bench", "permission": "allow", "operation": operation,
+           "resource_type": "stream", "pattern": "sec*"}
+          for operation in ("create", "delete", "read")]
 SUBJECT = "sec.in"
 DEADLINE_S = 60.0
 
@@ -93,20 +104,35 @@ class Setup(OurCluster):
                              verify=True) if tls else None
         super().__init__(work, brokers, nats_tls, self.broker_args(brokers))
 
+    async def __aenter__(self) -> Setup:
+        await super().__aenter__()
+        if self.tls:  # the super user lets the bench's client at its stream
+            try:
+                async with self.connect("admin") as admin:
+                    await admin.acl_add(GRANTS)
+            except BaseException:
+                await self.__aexit__()
+                raise
+        return self
+
     def broker_args(self, brokers: int) -> tuple[str, ...]:
         if not self.tls:
             return ()
         f = self.files
+        users = " ".join(f"{name}:{hash_password(pw)}" for name, pw in PASSWORDS.items())
         return ("--tls-cert", f["broker"], "--tls-key", f["broker_key"], "--tls-ca", f["ca"],
                 "--tls-verify-client", "--nats-tls-ca", f["ca"], "--nats-tls-cert",
                 f["broker"], "--nats-tls-key", f["broker_key"],
+                "--authentication", "--authorization", "--users", users,
+                "--super-users", "admin",
                 *(("--raft-password-file", f["raft-password"]) if brokers > 1 else ()))
 
-    def client_options(self) -> dict[str, Any]:
+    def client_options(self, user: str = "bench") -> dict[str, Any]:
         if not self.tls:
             return {}
         f = self.files
-        return {"tls_ca": f["ca"], "tls_cert": f["broker"], "tls_key": f["broker_key"]}
+        return {"tls_ca": f["ca"], "tls_cert": f["broker"], "tls_key": f["broker_key"],
+                "user": user, "password": PASSWORDS[user]}
 
     def nats_options(self) -> dict[str, Any]:
         if not self.tls:
@@ -114,9 +140,9 @@ class Setup(OurCluster):
         f = self.files
         return {"tls": client_context(f["ca"], f["client"], f["client_key"])}
 
-    def connect(self) -> jetstream.Client:
+    def connect(self, user: str = "bench") -> jetstream.Client:
         return jetstream.connect(",".join(b.address for b in self.brokers),
-                                 **self.client_options())
+                                 **self.client_options(user))
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the brokers, and of the nats-server."""
@@ -278,7 +304,8 @@ async def run(quick: bool) -> JsonObject:
         "tls_ingest_cpu_ratio": cpu_ratio(r1_runs["ingest"]),
         "tls_catchup_cpu_ratio": cpu_ratio(r1_runs["catchup"]),
         "tls_r3_ingest_cpu_ratio": cpu_ratio(r3_runs),
-        "authorization": "not built yet: the figures are TLS (and the Raft password) only",
+        "authorization": "on in the secured setups: password authentication and ACL checks "
+                         "of every socket request (the ratios are TLS + authorization ÷ off)",
         "r1_ingest": r1_runs["ingest"], "r1_catchup": r1_runs["catchup"],
         "r3_ingest": r3_runs,
         "raft": {"off": raft_off, "on": raft_on,

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jetstream.cli_acl import add_auth_flags
 from jetstream.cli_client import add_commands
 from jetstream.cli_kv import KeyArgumentError
 from jetstream.cli_text import UsageError, normalize_argv
@@ -282,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
         client_flags.add_argument(f"--tls-{name}", metavar="PEM", default=argparse.SUPPRESS,
                                   help=f"TLS: {what} (default: $JETSTREAM_CLIENT_TLS_"
                                        f"{name.upper()})")
+
+    add_auth_flags(client_flags)
 
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser("dev", parents=[json_flag],

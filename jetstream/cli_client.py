@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from jetstream import cli_demo, cli_fragments, cli_groups, cli_kv, cli_registers, cli_scrub
+from jetstream.cli_acl import add_security_commands, auth_options
 from jetstream.cli_text import (
     FROM_HELP,
     UsageError,
@@ -253,7 +254,8 @@ async def stream_delete(js: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _own_entry(address: str, broker_id: int, tls: ssl.SSLContext | None) -> dict[str, Any]:
+async def _own_entry(address: str, broker_id: int, tls: ssl.SSLContext | None,
+                     credentials: Any = None) -> dict[str, Any]:
     """A broker's entry of the broker list as that broker gives it: only it knows its NATS
     connection (URL and state). {} when it cannot be asked in SELF_REPORT_TIMEOUT_S."""
     from jetstream.client import BrokerConnection
@@ -262,7 +264,8 @@ async def _own_entry(address: str, broker_id: int, tls: ssl.SSLContext | None) -
 
     conn = BrokerConnection(address, client_id="jetstream-cli",
                             connect_timeout_s=SELF_REPORT_TIMEOUT_S,
-                            request_timeout_s=SELF_REPORT_TIMEOUT_S, tls=tls)
+                            request_timeout_s=SELF_REPORT_TIMEOUT_S, tls=tls,
+                            credentials=credentials)
     try:
         await conn.open()
         response = await conn.request(m.MetadataRequest([]))  # no streams: brokers only
@@ -282,7 +285,8 @@ async def cluster_status(js: Client, args: argparse.Namespace) -> int:
     await js.refresh_metadata()  # brokers and the metadata leader
     # Each broker is asked for its own NATS connection and data disk, as a partition's leader
     # is for its offsets below; one that does not answer shows "-" (null).
-    own = await asyncio.gather(*(_own_entry(b.address, b.id, js.tls) for b in js.brokers))
+    own = await asyncio.gather(*(_own_entry(b.address, b.id, js.tls, js.credentials)
+                                 for b in js.brokers))
     brokers = [{**asdict(b), "address": b.address,
                 "nats_url": entry.get("nats_url") or b.nats_url or None,
                 "nats_state": entry.get("nats_state"),
@@ -503,7 +507,8 @@ def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
         async def with_client() -> int:
             import jetstream.client
 
-            async with jetstream.client.connect(brokers, **tls_options(args, os.environ)) as js:
+            async with jetstream.client.connect(brokers, **tls_options(args, os.environ),
+                                                **auth_options(args, os.environ)) as js:
                 return await command(js, args)
 
         return asyncio.run(with_client())
@@ -624,6 +629,7 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
                            help="read from any in-sync replica, not only the leader (it may "
                                 "lag the leader; never past what it knows is committed)")
 
+    add_security_commands(commands, leaf)
     cluster = commands.add_parser("cluster", help="cluster state")
     leaf(cluster.add_subparsers(dest="cluster_command", required=True), "status",
          cluster_status, "brokers (with each one's NATS URL and connection state, and "

@@ -866,3 +866,43 @@ class KeyNotTracked(JetstreamError):
     def __init__(self, key: str, tracked_from: int) -> None:
         super().__init__(f"key {key!r} is not tracked (keys are tracked from offset "
                          f"{tracked_from})", key=key, tracked_from=tracked_from)
+
+
+# -- authentication and authorization -----------------------------------------------------------
+
+
+class Unauthenticated(JetstreamError):
+    """The connection has not authenticated (the broker's `authentication` is on), or its
+    credentials were refused. Authenticate (a user name and password, a token, or a client
+    certificate the broker trusts) and send the request again."""
+
+    code = "UNAUTHENTICATED"
+
+
+class NotAuthorized(JetstreamError):
+    """The principal may not do `operation` on the resource (`resource_type`, `resource`):
+    no ACL entry allows it, or one denies it. Ask an administrator for an entry
+    (`jetstream acl add`)."""
+
+    code = "NOT_AUTHORIZED"
+
+    def __init__(self, principal: str, operation: str, resource_type: str,
+                 resource: str) -> None:
+        super().__init__(f"{principal!r} may not {operation} {resource_type} {resource!r}",
+                         principal=principal, operation=operation,
+                         resource_type=resource_type, resource=resource)
+
+
+class InvalidAcl(ProtocolError):
+    """An ACL entry is malformed: an unknown operation, permission or resource type, a
+    pattern with '*' other than at its end, or too many entries. `field` names the part."""
+
+    code = "INVALID_ACL"
+
+
+class TooManyInFlight(JetstreamError):
+    """The principal has `principal_requests_max` requests in flight on this broker
+    already: this one is refused. Wait for answers before sending more, or retry later."""
+
+    code = "TOO_MANY_IN_FLIGHT"
+    retriable = True

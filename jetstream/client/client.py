@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, overload
 
+from jetstream.client.acls import AclCalls
 from jetstream.client.admin import StreamAdmin
 from jetstream.client.connection import (
     CONNECT_TIMEOUT_S,
@@ -43,6 +44,7 @@ from jetstream.client.routing import Router
 from jetstream.client.subscription import StopAt, Subscription
 from jetstream.client.types import Start
 from jetstream.errors import ProtocolError
+from jetstream.protocol import messages as m
 from jetstream.security.tls import client_context
 
 BROKERS_ENV = "JETSTREAM_BROKERS"
@@ -101,6 +103,10 @@ def connect(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     nats_options: Mapping[str, Any] | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+    credentials: m.Credentials | None = None,
 ) -> Client:
     """A client for the brokers at `brokers` (see `parse_brokers`). Use it as
     `async with connect(...) as js:` or `js = await connect(...)` then `await js.close()`.
@@ -111,14 +117,32 @@ def connect(
     a ready `tls` context; a `jetstreams://` broker address asks for TLS with the defaults.
     `nats_options` go to nats-py's `connect` for publishing (`user`, `password`, `token`,
     `user_credentials`, `tls`); a `tls://` NATS URL without a `tls` option uses the
-    client's TLS context."""
+    client's TLS context.
+
+    Authentication (brokers with `authentication` on): `user` and `password`, or a `token`
+    (`user:secret`), or ready `credentials`; a client certificate (`tls_cert`) the broker
+    trusts needs none."""
     if tls is None and (tls_ca or tls_cert or tls_key or wants_tls(brokers)):
         tls = client_context(tls_ca, tls_cert, tls_key)
     return Client(parse_brokers(brokers), nats_url=nats_url,
                   client_id=client_id or f"jetstream-py-{os.getpid()}-{uuid.uuid4().hex[:8]}",
                   connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s,
                   requests_max=requests_max, metadata_max_age_s=metadata_max_age_s, tls=tls,
-                  nats_options=nats_options)
+                  nats_options=nats_options,
+                  credentials=credentials or credentials_of(user, password, token))
+
+
+def credentials_of(user: str | None, password: str | None,
+                   token: str | None) -> m.Credentials | None:
+    """The credentials a user, password or token give; None for none. A user without a
+    password (or the reverse), or both and a token, is a ValueError."""
+    if token:
+        if user or password:
+            raise ValueError("give a token or a user and password, not both")
+        return m.Credentials.from_token(token)
+    if bool(user) != bool(password):
+        raise ValueError("a user and a password go together")
+    return m.Credentials(user, password) if user and password else None
 
 
 def _nats_options(options: Mapping[str, Any] | None,
@@ -131,22 +155,26 @@ def _nats_options(options: Mapping[str, Any] | None,
     return out
 
 
-class Client(StreamAdmin, Publishing, Reading, KeyValueReads, ConsumerGroups):
+class Client(StreamAdmin, Publishing, Reading, KeyValueReads, ConsumerGroups, AclCalls):
     """A Jetstream client. Build it with `connect`; every method is a coroutine except
     `subscribe`, which returns an async iterator."""
 
     def __init__(self, bootstrap: list[str], *, nats_url: str | None, client_id: str,
                  connect_timeout_s: float, request_timeout_s: float, requests_max: int,
                  metadata_max_age_s: float, tls: ssl.SSLContext | None = None,
-                 nats_options: Mapping[str, Any] | None = None) -> None:
+                 nats_options: Mapping[str, Any] | None = None,
+                 credentials: m.Credentials | None = None) -> None:
         self.bootstrap = bootstrap
         self.client_id = client_id
         #: The TLS context of every broker connection (None: plain TCP).
         self.tls = tls
+        #: What every broker connection authenticates with (None: nothing).
+        self.credentials = credentials
         self._router = Router(bootstrap, client_id=client_id,
                               connect_timeout_s=connect_timeout_s,
                               request_timeout_s=request_timeout_s, requests_max=requests_max,
-                              metadata_max_age_s=metadata_max_age_s, tls=tls)
+                              metadata_max_age_s=metadata_max_age_s, tls=tls,
+                              credentials=credentials)
         Publishing.__init__(self, nats_url=nats_url, connect_timeout_s=connect_timeout_s,
                             partition_count=self._router.metadata.partition_count,
                             nats_options=_nats_options(nats_options, tls))

@@ -20,6 +20,9 @@ TLS: given a `tls` context (an ssl.SSLContext), the connection is TLS from its f
 verifying the broker's certificate against the context's CAs and the host name dialled (or
 `server_hostname`); a certificate the broker does not accept, or one of the broker's this
 side does not, fails `open()` with BrokerUnavailable naming the TLS error.
+
+Authentication: given `credentials`, `open()` sends AUTHENTICATE right after HELLO and
+raises the broker's UNAUTHENTICATED when they are refused.
 """
 
 from __future__ import annotations
@@ -68,8 +71,14 @@ class BrokerConnection:
         response_bytes_max: int = frames.RESPONSE_FRAME_BYTES_MAX,
         tls: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
+        credentials: m.Credentials | None = None,
     ) -> None:
         self.address = address
+        #: Sent in AUTHENTICATE right after HELLO (brokers with `authentication`).
+        self.credentials = credentials
+        #: The principal the broker took this connection for (after `open()` with
+        #: credentials).
+        self.principal: str | None = None
         self.host, self.port = split_address(address)
         self.tls = tls
         self.server_hostname = server_hostname
@@ -137,7 +146,20 @@ class BrokerConnection:
             raise
         self.broker_id = reply.broker_id
         self.max_frame_bytes = reply.max_frame_bytes
+        if self.credentials is not None:
+            await self._authenticate(self.credentials)
         return reply
+
+    async def _authenticate(self, credentials: m.Credentials) -> None:
+        """AUTHENTICATE; the broker's refusal (UNAUTHENTICATED) closes the connection."""
+        try:
+            answer = await self.request(m.AuthenticateRequest(
+                credentials.user, credentials.password, credentials.mechanism),
+                timeout_s=self.connect_timeout_s)
+        except BaseException:
+            await self.close()
+            raise
+        self.principal = m.expect_response(answer, m.AuthenticateResponse).principal
 
     async def close(self) -> None:
         """Close the connection: requests in flight fail with BrokerUnavailable. Idempotent."""

@@ -53,7 +53,8 @@ class Router:
 
     def __init__(self, bootstrap: list[str], *, client_id: str, connect_timeout_s: float,
                  request_timeout_s: float, requests_max: int,
-                 metadata_max_age_s: float, tls: ssl.SSLContext | None = None) -> None:
+                 metadata_max_age_s: float, tls: ssl.SSLContext | None = None,
+                 credentials: m.Credentials | None = None) -> None:
         self.bootstrap = bootstrap
         self.metadata = ClusterMetadata()
         #: The ISR replica each partition read with `read_isr_replica` is fetched from.
@@ -61,7 +62,8 @@ class Router:
         self.closed = False
         self._new_connection = functools.partial(
             BrokerConnection, client_id=client_id, connect_timeout_s=connect_timeout_s,
-            request_timeout_s=request_timeout_s, requests_max=requests_max, tls=tls)
+            request_timeout_s=request_timeout_s, requests_max=requests_max, tls=tls,
+            credentials=credentials)
         self._metadata_max_age_s = metadata_max_age_s
         self._connections: dict[int, BrokerConnection] = {}
         self._connect_lock = asyncio.Lock()

@@ -38,6 +38,7 @@ from jetstream.client.connection import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, RE
 from jetstream.client.group_subscription import GroupMessage, GroupSubscription
 from jetstream.client.subscription import Subscription
 from jetstream.client.types import BrokerInfo, Message
+from jetstream.protocol import messages as m
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -173,6 +174,9 @@ class SyncClient:
     delete_group = _blocking(Client.delete_group)
     list_groups = _blocking(Client.list_groups)
     describe_group = _blocking(Client.describe_group)
+    acl_list = _blocking(Client.acl_list)
+    acl_add = _blocking(Client.acl_add)
+    acl_remove = _blocking(Client.acl_remove)
 
     @overload
     def subscribe(self, stream: str, partition: int = 0, *, group: None = None,
@@ -235,6 +239,10 @@ def connect(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     nats_options: Mapping[str, Any] | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+    credentials: m.Credentials | None = None,
 ) -> SyncClient:
     """A started SyncClient; takes the arguments of jetstream.client.connect. Raises
     BrokerUnavailable when no bootstrap broker answers."""
@@ -242,4 +250,5 @@ def connect(
         brokers, nats_url=nats_url, client_id=client_id, connect_timeout_s=connect_timeout_s,
         request_timeout_s=request_timeout_s, requests_max=requests_max,
         metadata_max_age_s=metadata_max_age_s, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert,
-        tls_key=tls_key, nats_options=nats_options))
+        tls_key=tls_key, nats_options=nats_options, user=user, password=password,
+        token=token, credentials=credentials))

@@ -115,6 +115,11 @@ class Op(enum.IntEnum):
     REPLICA_FETCH = 24
     FRAGMENTS = 25
     REGISTERS = 26
+    # Authentication and ACLs (protocol/auth.py): numbered from 40.
+    AUTHENTICATE = 40
+    ACL_LIST = 41
+    ACL_ADD = 42
+    ACL_REMOVE = 43
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -12,6 +12,7 @@ a module of its own, with the table of its ops' headers:
     kv.py           GET, KEYS
     integrity.py    REPLICA_RANGE, SCRUB
     replica_fetch.py REPLICA_FETCH (fetch sessions between brokers)
+    auth.py         AUTHENTICATE, ACL_LIST, ACL_ADD, ACL_REMOVE
 
 codec.py registers them by op and encodes and decodes frames of them; wire_errors.py carries
 errors (error frames, error acks) across. This module only re-exports their public names,
@@ -29,6 +30,16 @@ from jetstream.protocol.admin import (
     MetadataResponse,
     UpdateStreamRequest,
     UpdateStreamResponse,
+)
+from jetstream.protocol.auth import (
+    AclAddRequest,
+    AclChangeResponse,
+    AclListRequest,
+    AclListResponse,
+    AclRemoveRequest,
+    AuthenticateRequest,
+    AuthenticateResponse,
+    Credentials,
 )
 from jetstream.protocol.base import EmptyResponse, Message, Request, Response
 from jetstream.protocol.codec import (
@@ -131,9 +142,17 @@ __all__ = [
     "RESET_TARGETS",
     "RESPONSE_TYPES",
     "SEGMENTS_MAX",
+    "AclAddRequest",
+    "AclChangeResponse",
+    "AclListRequest",
+    "AclListResponse",
+    "AclRemoveRequest",
+    "AuthenticateRequest",
+    "AuthenticateResponse",
     "CommitOffsetRequest",
     "CommitOffsetResponse",
     "CreateStreamRequest",
+    "Credentials",
     "DeleteGroupRequest",
     "DeleteGroupResponse",
     "DeleteStreamRequest",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jetstream.raft_meta.fsm import (
+    AddAcls,
     ChangeIsr,
     ChangeIsrs,
     ChangeLeader,
@@ -24,6 +25,7 @@ from jetstream.raft_meta.fsm import (
     CreateStream,
     DeleteStream,
     RegisterBroker,
+    RemoveAcls,
     UpdateStream,
 )
 from jetstream.raft_meta.model import PartitionState, StreamConfig
@@ -53,6 +55,8 @@ class Touched:
 
 
 EVERYTHING = Touched(everything=True, streams_changed=True)
+#: What an ACL change touches: no partition.
+NOTHING = Touched()
 
 
 def stream_keys(config: StreamConfig) -> frozenset[Key]:
@@ -79,6 +83,8 @@ def touched(command: Command | StateRestored, result: Any) -> Touched:
                                      if isinstance(s, PartitionState)))
         case RegisterBroker() | StateRestored():
             return EVERYTHING
+        case AddAcls() | RemoveAcls():
+            return NOTHING
     raise TypeError(f"not a metadata command: {command!r}")
 
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from jetstream.errors import ProtocolError
 from jetstream.raft_meta.fsm import (
     BATCH_ITEMS_MAX,
+    AddAcls,
     ChangeIsr,
     ChangeIsrs,
     ChangeLeader,
@@ -22,9 +23,11 @@ from jetstream.raft_meta.fsm import (
     CreateStream,
     DeleteStream,
     RegisterBroker,
+    RemoveAcls,
     UpdateStream,
 )
 from jetstream.raft_meta.model import BrokerInfo, StreamConfig
+from jetstream.security.acl import AclEntry
 
 
 def encode_command(command: Command) -> dict[str, Any]:
@@ -49,6 +52,8 @@ def encode_command(command: Command) -> dict[str, Any]:
         case ChangeLeaders(items=items) | ChangeIsrs(items=items):
             return {"type": type(command).__name__,
                     "items": [encode_command(item) for item in items]}
+        case AddAcls(entries=entries) | RemoveAcls(entries=entries):
+            return {"type": type(command).__name__, "acls": [e.to_dict() for e in entries]}
     raise TypeError(f"not a metadata command: {command!r}")
 
 
@@ -76,6 +81,9 @@ def decode_command(data: Mapping[str, Any]) -> Command:
         return ChangeLeaders(_decode_items(data, ChangeLeader))
     if kind == "ChangeIsrs":
         return ChangeIsrs(_decode_items(data, ChangeIsr))
+    if kind in ("AddAcls", "RemoveAcls"):
+        entries = tuple(AclEntry.from_dict(e) for e in data["acls"])
+        return AddAcls(entries) if kind == "AddAcls" else RemoveAcls(entries)
     raise ProtocolError(f"unknown metadata command type {kind!r}", field="type")
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jetstream.errors import (
+    InvalidAcl,
     InvalidStreamConfig,
     JetstreamError,
     NotEnoughReplicas,
@@ -33,6 +34,7 @@ from jetstream.errors import (
     UnknownStream,
 )
 from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
+from jetstream.security.acl import ACL_ENTRIES_MAX, AclEntry
 
 
 class StaleMetadataEpoch(JetstreamError):
@@ -113,11 +115,25 @@ class ChangeIsrs:
     items: tuple[ChangeIsr, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class AddAcls:
+    """Add access control entries (jetstream.security.acl); ones already there are kept."""
+
+    entries: tuple[AclEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveAcls:
+    """Remove access control entries; ones not there are passed over."""
+
+    entries: tuple[AclEntry, ...]
+
+
 #: The outcome of one item of a batch: the partition's new state, or why it was refused.
 ItemOutcome = PartitionState | JetstreamError
 
 Command = (RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeLeader | ChangeIsr
-           | ChangeLeaders | ChangeIsrs)
+           | ChangeLeaders | ChangeIsrs | AddAcls | RemoveAcls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +156,10 @@ class MetadataState:
         self.leader_load: dict[int, int] = {}
         #: How many commands were applied: a version clients and brokers compare.
         self.version = 0
+        #: Access control entries (value: the version that added each), and the version of
+        #: the last change to them (decision caches start over when it moves).
+        self.acls: dict[AclEntry, int] = {}
+        self.acl_version = 0
 
     def apply(self, command: Command) -> Any:
         """Apply one command; raises a JetstreamError (state unchanged) when it is refused."""
@@ -221,6 +241,24 @@ class MetadataState:
     def _apply_ChangeIsrs(self, command: ChangeIsrs) -> tuple[ItemOutcome, ...]:
         return tuple(self._item(self._apply_ChangeIsr, item) for item in command.items)
 
+    def _apply_AddAcls(self, command: AddAcls) -> int:
+        new = [e for e in dict.fromkeys(command.entries) if e not in self.acls]
+        if len(self.acls) + len(new) > ACL_ENTRIES_MAX:
+            raise InvalidAcl(f"the cluster holds at most {ACL_ENTRIES_MAX} ACL entries",
+                             field="acls")
+        for entry in new:
+            self.acls[entry] = self.version
+        if new:
+            self.acl_version = self.version + 1
+        return len(new)
+
+    def _apply_RemoveAcls(self, command: RemoveAcls) -> int:
+        removed = [e for e in dict.fromkeys(command.entries)
+                   if self.acls.pop(e, None) is not None]
+        if removed:
+            self.acl_version = self.version + 1
+        return len(removed)
+
     @staticmethod
     def _item(handler: Any, item: ChangeLeader | ChangeIsr) -> ItemOutcome:
         """One item of a batch: its handler refuses it (state unchanged) or applies it."""
@@ -278,6 +316,8 @@ class MetadataState:
             "brokers": [b.to_dict() for b in self.brokers.values()],
             "streams": [s.to_dict() for s in self.streams.values()],
             "partitions": [p.to_dict() for p in self.partitions.values()],
+            "acls": [[e.to_dict(), added] for e, added in self.acls.items()],
+            "acl_version": self.acl_version,
         }
 
     @classmethod
@@ -292,6 +332,9 @@ class MetadataState:
             part = PartitionState.from_dict(p)
             state.partitions[(part.stream, part.partition)] = part
             state._count(part, 1)
+        for entry, added in data.get("acls", ()):  # absent from dumps written before ACLs
+            state.acls[AclEntry.from_dict(entry)] = added
+        state.acl_version = data.get("acl_version", 0)
         return state
 
 

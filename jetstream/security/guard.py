@@ -9,7 +9,8 @@ host of that network, and each of ours needs something there:
 - socket API and HTTP API: anyone reaching them could read, write, create and delete any
   stream and read every byte in clear; TLS (`tls_cert`, `tls_key`) encrypts the traffic and
   mutual TLS (`tls_verify_client` with `tls_ca`, `http_tls_verify_client`) admits only
-  clients holding a certificate of the cluster's CA.
+  clients holding a certificate of the cluster's CA, and `authentication` only clients
+  proving a principal (either will do, with TLS).
 `exposures` (pure: a configuration in, what is missing out) lists each listener off loopback
 and the settings it lacks; the broker refuses to start while the list is not empty, unless
 the operator passed `--insecure` (then it logs the list as an error and `GET /health` shows
@@ -52,6 +53,9 @@ class ListenerSettings(Protocol):
     def http_tls_verify_client(self) -> bool: ...
 
     @property
+    def authentication(self) -> bool: ...
+
+    @property
     def broker_id(self) -> int: ...
 
     @property
@@ -90,15 +94,17 @@ def exposures(config: ListenerSettings) -> list[Exposure]:
             found.append(Exposure("metadata Raft", own_raft,
                                   ("raft_password (or raft_password_file)",)))
     if not is_loopback(config.host):
-        missing = _tls_missing(bool(config.tls_cert), config.tls_verify_client,
-                               "tls_cert/tls_key", "tls_verify_client (with tls_ca)")
+        missing = _tls_missing(bool(config.tls_cert),
+                               config.tls_verify_client or config.authentication,
+                               "tls_cert/tls_key",
+                               "tls_verify_client (with tls_ca) or authentication")
         if missing:
             found.append(Exposure("socket API", config.host, missing))
         if config.http_port >= 0:
             missing = _tls_missing(bool(config.http_tls_cert or config.tls_cert),
-                                   config.http_tls_verify_client,
+                                   config.http_tls_verify_client or config.authentication,
                                    "tls_cert/tls_key (or http_tls_cert/http_tls_key)",
-                                   "http_tls_verify_client (with tls_ca)")
+                                   "http_tls_verify_client (with tls_ca) or authentication")
             if missing:
                 found.append(Exposure("HTTP API", config.host, missing))
     return found

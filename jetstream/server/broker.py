@@ -47,6 +47,7 @@ from jetstream.raft_meta.model import BrokerInfo
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.security.guard import exposures, refusal
 from jetstream.security.tls import client_ssl, reload_all, server_ssl
+from jetstream.server.acl_admin import AclAdmin
 from jetstream.server.admin import Admin
 from jetstream.server.api import Dispatcher, on
 from jetstream.server.cleaner import CleanerService
@@ -57,6 +58,7 @@ from jetstream.server.disk import DiskMonitor
 from jetstream.server.epoch_fence import EpochFence
 from jetstream.server.fetch import Reads
 from jetstream.server.files import OpenFiles
+from jetstream.server.gatekeeper import Gatekeeper, peer_credentials
 from jetstream.server.http_api import HttpServer
 from jetstream.server.http_groups import BrokerClient
 from jetstream.server.integrity import Integrity
@@ -176,13 +178,16 @@ class Broker:
         admin = Admin(self.config, metadata, self._cluster, roles, self.metrics,
                       self.nats_url, nats_port, cleaner, kv, coordinators, self._disk,
                       integrity, files)
-        self._socket_api = SocketApi(self.config, self.metrics,
-                                     self._dispatcher(admin, roles, kv, offsets, coordinators))
+        gate = Gatekeeper(self.config, metadata, self.metrics)
+        acls = AclAdmin(metadata)
+        dispatcher = self._dispatcher(admin, roles, kv, offsets, coordinators, acls)
+        self._socket_api = SocketApi(self.config, self.metrics, dispatcher, gate)
         await self._socket_api.start()
         if self.config.http_port >= 0:
             self._broker_client = BrokerClient(self._own_address,
-                                               client_ssl(self.config.peer_tls))
-            self._http = HttpServer(self.config, admin, self._broker_client)
+                                               client_ssl(self.config.peer_tls),
+                                               peer_credentials(self.config))
+            self._http = HttpServer(self.config, admin, self._broker_client, gate, acls)
             self.http_port = await self._http.start()
         me = BrokerInfo(self.config.broker_id, self.config.host, self._socket_api.port,
                         max(self.http_port, 0))
@@ -248,7 +253,7 @@ class Broker:
                 self._cluster.hand_over_from_full_disk(roles.led())
 
     def _dispatcher(self, admin: Admin, roles: Roles, kv: KeyValue, offsets: OffsetsStream,
-                    groups: Coordinators) -> Dispatcher:
+                    groups: Coordinators, acls: AclAdmin) -> Dispatcher:
         """The socket API's table: which service answers each request type."""
         reads = Reads(self.config, roles)
         cluster = self._cluster
@@ -279,6 +284,9 @@ class Broker:
             on(m.DescribeGroupRequest, groups.describe),
             on(m.ReportLeaderFailureRequest,
                cluster.on_report_request if cluster is not None else _no_failover),
+            on(m.AclListRequest, acls.on_list),
+            on(m.AclAddRequest, acls.on_add),
+            on(m.AclRemoveRequest, acls.on_remove),
         ]))
 
     async def _connect_nats(self) -> NatsPort:

@@ -61,6 +61,7 @@ from jetstream.raft_meta.model import BrokerInfo, PartitionState
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.security.tls import client_ssl
 from jetstream.server.config import BrokerConfig
+from jetstream.server.gatekeeper import peer_credentials
 from jetstream.server.metadata_batches import Batch, Batcher
 from jetstream.stream.reserve import DiskReserve
 from jetstream.tasks import cancel_and_wait
@@ -257,7 +258,8 @@ class Cluster:
         conn = BrokerConnection(address, client_id=f"replica-{self.broker_id}",
                                 connect_timeout_s=REPORT_TIMEOUT_S,
                                 request_timeout_s=REPORT_TIMEOUT_S,
-                                tls=client_ssl(self.config.peer_tls))
+                                tls=client_ssl(self.config.peer_tls),
+                                credentials=peer_credentials(self.config))
         try:
             await conn.open()
             await conn.request(request)
@@ -307,7 +309,8 @@ class Cluster:
                     conn = conns[leader] = BrokerConnection(
                         address, client_id=f"broker-{self.broker_id}",
                         connect_timeout_s=REPORT_TIMEOUT_S, request_timeout_s=REPORT_TIMEOUT_S,
-                        tls=client_ssl(self.config.peer_tls))
+                        tls=client_ssl(self.config.peer_tls),
+                        credentials=peer_credentials(self.config))
                     await conn.open()
                 answer = await conn.request(m.MetadataRequest([stream]))
                 assert isinstance(answer, m.MetadataResponse)

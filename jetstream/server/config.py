@@ -177,6 +177,24 @@ class BrokerConfig:
     fragment_cache_bytes_max: int = 1024 * MiB
     fragment_list_interval_ms: int = 60_000
     fragment_backoff_ms_max: int = 30_000
+    #: Authentication of the socket and HTTP APIs: every connection and HTTP request must
+    #: prove a principal (a client certificate's CN with `tls_verify_client`, or a user's
+    #: password checked against its argon2id hash). `users`: "name:hash" entries separated
+    #: by white space or ';'; `users_file`: one "name:hash" a line (`jetstream user hash`
+    #: prints a hash). In a cluster brokers authenticate to each other with a token derived
+    #: from the metadata Raft password, which authentication therefore needs there.
+    authentication: bool = False
+    users: str = ""
+    users_file: str = ""
+    #: Authorization: every request needs an ACL entry allowing it (default deny; the ACLs
+    #: live in the replicated metadata, `jetstream acl`); `super_users` (comma-separated
+    #: principals) may do anything. Needs `authentication`.
+    authorization: bool = False
+    super_users: str = ""
+    #: Requests one principal may have in flight on this broker at once (socket and HTTP
+    #: APIs, every connection of it together); past it, TOO_MANY_IN_FLIGHT. Brokers have no
+    #: limit.
+    principal_requests_max: int = 4096
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -259,6 +277,7 @@ class BrokerConfig:
         _range(self, "tls_handshake_timeout_ms", 100, 600_000)
         _range(self, "http_connections_max", 1, 1_000_000)
         check_tls_settings(self)
+        check_auth_settings(self)
 
     @property
     def cluster_members(self) -> dict[int, str]:
@@ -295,6 +314,10 @@ class BrokerConfig:
             raise InvalidConfig(f"raft_password_file {self.raft_password_file} is empty",
                                 field="raft_password_file")
         return password
+
+    @property
+    def super_user_set(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.super_users.split(",") if u.strip())
 
     @property
     def socket_tls(self) -> TlsFiles | None:
@@ -435,3 +458,19 @@ def _range(config: BrokerConfig, name: str, low: int, high: int) -> None:
     value = getattr(config, name)
     if not low <= value <= high:
         raise InvalidConfig(f"{name} must be in [{low}, {high}], got {value}", field=name)
+
+
+def check_auth_settings(config: BrokerConfig) -> None:
+    """Authentication and authorization settings that go together."""
+    _range(config, "principal_requests_max", 1, 1_000_000)
+    if config.authorization and not config.authentication:
+        raise InvalidConfig("authorization needs authentication (principals to authorize)",
+                            field="authentication")
+    if config.authentication and config.cluster_members and not (
+            config.raft_password or config.raft_password_file):
+        raise InvalidConfig("authentication in a cluster needs raft_password_file (brokers "
+                            "authenticate to each other with a token derived from it)",
+                            field="raft_password_file")
+    if (config.users or config.users_file) and not config.authentication:
+        raise InvalidConfig("users are checked only with authentication on: set "
+                            "authentication", field="authentication")

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import uvicorn
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,14 +45,23 @@ from jetstream.errors import (
     KeyNotFound,
     MethodNotAllowed,
     ProtocolError,
+    Unauthenticated,
     UnknownRoute,
 )
 from jetstream.protocol import messages as m
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.security.tls import server_ssl
+from jetstream.server.acl_admin import AclAdmin
 from jetstream.server.api import HttpServices
 from jetstream.server.config import BrokerConfig
+from jetstream.server.gatekeeper import Gatekeeper
 from jetstream.server.guarded import from_http
+from jetstream.server.http_auth import (
+    PeerPrincipalProtocol,
+    add_acl_routes,
+    guard,
+    principal_of,
+)
 from jetstream.server.http_groups import BrokerClient, add_group_routes
 from jetstream.stream.format import Record, StoredRecord, decode_batches
 
@@ -103,6 +112,10 @@ _STATUS = {
     "PRODUCER_FENCED": 409,
     "DUPLICATE_SEQUENCE": 409,
     "KEY_NOT_TRACKED": 409,
+    "UNAUTHENTICATED": 401,
+    "NOT_AUTHORIZED": 403,
+    "INVALID_ACL": 400,
+    "TOO_MANY_IN_FLIGHT": 429,
 }
 
 
@@ -127,7 +140,8 @@ class ErrorResponse(BaseModel):
 
 _DESCRIPTIONS = {
     400: "Bad request (BAD_REQUEST, INVALID_STREAM_CONFIG)",
-    403: "An internal stream (STREAM_PROTECTED)",
+    401: "No credentials, or refused ones (UNAUTHENTICATED)",
+    403: "An internal stream (STREAM_PROTECTED), or no ACL entry allows it (NOT_AUTHORIZED)",
     404: "Unknown stream, partition or route",
     409: "The stream exists with another config (STREAM_EXISTS); a group's refusal "
          "(GROUP_NOT_EMPTY, OFFSET_BEHIND_COMMITTED, UNKNOWN_MEMBER_ID, ...)",
@@ -241,13 +255,18 @@ def record_from_json(item: object, i: int) -> Record:
     )
 
 
-def build_app(services: HttpServices, broker_client: BrokerClient) -> FastAPI:
+def build_app(services: HttpServices, broker_client: BrokerClient,
+              gate: Gatekeeper | None = None, acls: AclAdmin | None = None) -> FastAPI:
     app = FastAPI(title="Jetstream broker", version="0.1.0",
                   description="Streams on NATS subjects: CRUD, reads, appends, metrics. "
-                  "Every error answer has the ErrorResponse body.")
+                  "Every error answer has the ErrorResponse body.",
+                  dependencies=[] if gate is None else [Depends(guard(gate))])
 
     @app.exception_handler(JetstreamError)
     async def _on_error(_request: Request, exc: JetstreamError) -> JSONResponse:
+        if isinstance(exc, Unauthenticated):
+            return error_response(exc, {"WWW-Authenticate": 'Basic realm="jetstream", '
+                                                            'Bearer realm="jetstream"'})
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -287,8 +306,11 @@ def build_app(services: HttpServices, broker_client: BrokerClient) -> FastAPI:
 
     @app.get("/streams", responses=_errors())
     async def list_streams(
-            internal: bool = Query(False, alias="all")) -> dict[str, Any]:
-        return {"streams": services.describe_streams(internal=internal)}
+            request: Request, internal: bool = Query(False, alias="all")) -> dict[str, Any]:
+        streams = services.describe_streams(internal=internal)
+        if gate is not None:  # only the streams the principal may describe
+            streams = gate.visible(principal_of(request), streams)
+        return {"streams": streams}
 
     @app.post("/streams", status_code=201, responses=_errors(400, 409, 503))
     async def create_stream(config: dict[str, Any] = Body(...)) -> Response:  # noqa: B008
@@ -415,6 +437,8 @@ def build_app(services: HttpServices, broker_client: BrokerClient) -> FastAPI:
                 "registers": answer.registers}
 
     add_group_routes(app, broker_client, _errors)
+    if acls is not None:
+        add_acl_routes(app, acls, _errors)
     return app
 
 
@@ -428,7 +452,10 @@ class _QuietServer(uvicorn.Server):
 
 class HttpServer:
     def __init__(self, config: BrokerConfig, services: HttpServices,
-                 broker_client: BrokerClient) -> None:
+                 broker_client: BrokerClient, gate: Gatekeeper | None = None,
+                 acls: AclAdmin | None = None) -> None:
+        self._gate = gate
+        self._acls = acls
         self._config = config
         self._services = services
         self._broker_client = broker_client
@@ -445,8 +472,9 @@ class HttpServer:
         port: int = sock.getsockname()[1]
         context = server_ssl(config.http_tls)
         uv_config = uvicorn.Config(
-            build_app(self._services, self._broker_client), log_level="warning",
-            lifespan="off", access_log=False, limit_concurrency=config.http_connections_max,
+            build_app(self._services, self._broker_client, self._gate, self._acls),
+            log_level="warning", lifespan="off", access_log=False, http=PeerPrincipalProtocol,
+            limit_concurrency=config.http_connections_max,
             # The process's live context, which SIGHUP reloads (jetstream.security.tls).
             ssl_context_factory=None if context is None else lambda *_: context)
         server = self._server = _QuietServer(uv_config)

@@ -45,9 +45,12 @@ HW_LOOKUPS_MAX = 10_000
 class BrokerClient:
     """This broker's client of its own socket API, opened on first use."""
 
-    def __init__(self, address: Callable[[], str], tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, address: Callable[[], str], tls: ssl.SSLContext | None = None,
+                 credentials: m.Credentials | None = None) -> None:
         self._address = address
         self._tls = tls
+        #: The broker principal's (the HTTP API checked the caller's ACLs already).
+        self._credentials = credentials
         self._client: Client | None = None
         self._lock = asyncio.Lock()
         self._hws: dict[tuple[str, int], tuple[float, int]] = {}
@@ -58,7 +61,8 @@ class BrokerClient:
                 from jetstream.client import connect
 
                 self._client = await connect(self._address(), client_id="jetstream-broker-http",
-                                             tls=self._tls).start()
+                                             tls=self._tls, credentials=self._credentials
+                                             ).start()
             return self._client
 
     async def close(self) -> None:

@@ -43,6 +43,7 @@ from jetstream.protocol import messages as m
 from jetstream.security.tls import client_ssl
 from jetstream.server.config import BrokerConfig
 from jetstream.server.epoch_fence import PartitionKey
+from jetstream.server.gatekeeper import peer_credentials
 from jetstream.server.roles import Roles
 from jetstream.stream import format as fmt
 from jetstream.stream.file_slice import FileSlice
@@ -323,7 +324,8 @@ class Integrity:
         timeout_s = self._config.replica_leader_timeout_ms / 1000 + 5.0
         conn = BrokerConnection(address, client_id=f"repair-{self._config.broker_id}",
                                 connect_timeout_s=timeout_s, request_timeout_s=timeout_s,
-                                tls=client_ssl(self._config.peer_tls))
+                                tls=client_ssl(self._config.peer_tls),
+                                credentials=peer_credentials(self._config))
         await conn.open()
         try:
             data = bytearray()

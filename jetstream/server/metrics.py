@@ -51,6 +51,11 @@ class BrokerMetrics:
     #: Certificate reloads (SIGHUP), and those where a file was bad (old certificate kept).
     tls_reloads_total: int = 0
     tls_reload_failures_total: int = 0
+    #: Credentials refused, requests refused by the ACLs, and requests refused for their
+    #: principal's `principal_requests_max`.
+    authentication_failures_total: int = 0
+    authorization_refusals_total: int = 0
+    in_flight_refusals_total: int = 0
 
 
 def render(partitions: Iterable[tuple[str, int, PartitionMetrics, int]],

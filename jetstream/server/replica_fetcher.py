@@ -46,6 +46,7 @@ from jetstream.security.tls import client_ssl
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
 from jetstream.server.follower import PartitionFollower
+from jetstream.server.gatekeeper import peer_credentials
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,8 @@ class ReplicaFetcher:
         timeout_s = self._config.replica_leader_timeout_ms / 1000
         conn = BrokerConnection(address, client_id=f"replica-{self._config.broker_id}",
                                 connect_timeout_s=timeout_s, request_timeout_s=timeout_s,
-                                tls=client_ssl(self._config.peer_tls))
+                                tls=client_ssl(self._config.peer_tls),
+                                credentials=peer_credentials(self._config))
         await conn.open()
         self._conn = conn
         return conn

@@ -10,7 +10,8 @@ prefix and header followed by record batches sent straight from the segment file
 into one write instead (a fetch session answers many partitions with a few batches each).
 
 With `tls_cert` set the port speaks TLS only (a plain-text client fails the handshake); a
-handshake not finished within `tls_handshake_timeout_ms`, a HELLO not received within
+handshake not finished within `tls_handshake_timeout_ms`, refused credentials
+(AUTHENTICATE answered UNAUTHENTICATED), a HELLO not received within
 HELLO_TIMEOUT_S, and a request frame begun but not finished within `request_timeout_ms`
 (a stalled or deliberately slow sender) close the connection. Past `connections_max` open
 connections a new one is answered `TOO_MANY_CONNECTIONS` and closed.
@@ -32,12 +33,14 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from jetstream.errors import JetstreamError, ProtocolError, TooManyConnections
+from jetstream.errors import JetstreamError, ProtocolError, TooManyConnections, Unauthenticated
 from jetstream.protocol import frames
 from jetstream.protocol import messages as m
+from jetstream.security.auth import certificate_principal
 from jetstream.security.tls import server_ssl
 from jetstream.server.api import RequestHandler, Result
 from jetstream.server.config import BrokerConfig
+from jetstream.server.gatekeeper import ANONYMOUS, Gatekeeper
 from jetstream.server.metrics import BrokerMetrics
 from jetstream.stream.file_slice import FileSlice
 from jetstream.tasks import cancel_and_wait
@@ -69,10 +72,11 @@ class Answer:
 
 class SocketApi:
     def __init__(self, config: BrokerConfig, metrics: BrokerMetrics,
-                 handler: RequestHandler) -> None:
+                 handler: RequestHandler, gate: Gatekeeper | None = None) -> None:
         self._config = config
         self._metrics = metrics
         self._handler = handler
+        self._gate = gate
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
@@ -112,7 +116,8 @@ class SocketApi:
         metrics.connections_total += 1
         metrics.connections_open += 1
         try:
-            await Connection(self._config, self._metrics, self._handler, reader, writer).run()
+            await Connection(self._config, self._metrics, self._handler, reader, writer,
+                             self._gate).run()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -131,7 +136,12 @@ class SocketApi:
 
 class Connection:
     def __init__(self, config: BrokerConfig, metrics: BrokerMetrics, handler: RequestHandler,
-                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 gate: Gatekeeper | None = None) -> None:
+        self._gate = gate
+        #: Who this connection acts for: None until it authenticates when authentication
+        #: is on (jetstream.server.gatekeeper).
+        self._principal: str | None = None if gate and gate.authentication else ANONYMOUS
         self._config = config
         self._metrics = metrics
         self._handler = handler
@@ -195,6 +205,8 @@ class Connection:
             await self._answers.put(Answer(m.encode_error(cid, frames.Op.HELLO, exc),
                                            close_after=True))
             return False
+        if self._principal is None:  # a client certificate the TLS handshake verified
+            self._principal = certificate_principal(self._writer.get_extra_info("peercert"))
         reply = frames.hello_response(self._config.broker_id, self._config.request_bytes_max)
         await self._answers.put(Answer(frames.encode_frame(
             frame.correlation_id, frames.Kind.RESPONSE, frames.Op.HELLO, reply)))
@@ -221,10 +233,13 @@ class Connection:
             request = m.decode_request(frame)
             # Encoding is inside the try: an answer too large for a frame header (Metadata of
             # hundreds of streams) must become an error frame, not a request left unanswered.
-            answer = self._encode(frame, await self._handler.handle(request))
+            answer = self._encode(frame, await self._answer(request))
         except JetstreamError as exc:
             metrics.request_errors_total += 1
-            answer = Answer(m.encode_error(frame.correlation_id, frame.op, exc))
+            # Refused credentials close the connection (each guess costs a new one).
+            answer = Answer(m.encode_error(frame.correlation_id, frame.op, exc),
+                            close_after=frame.op == frames.Op.AUTHENTICATE
+                            and isinstance(exc, Unauthenticated))
         except Exception as exc:
             log.exception("request %s failed", frame.op)
             metrics.request_errors_total += 1
@@ -233,6 +248,24 @@ class Connection:
         finally:
             self._slots.release()
         await self._answers.put(answer)
+
+    async def _answer(self, request: m.Request) -> Result:
+        """The handler's answer, once the gatekeeper let the request through."""
+        gate = self._gate
+        if gate is None:
+            return await self._handler.handle(request)
+        if isinstance(request, m.AuthenticateRequest):
+            self._principal = await gate.authenticate(request.credentials,
+                                                      _peer(self._writer))
+            return m.AuthenticateResponse(self._principal)
+        principal = self._principal
+        if principal is None:
+            raise Unauthenticated("authenticate first (AUTHENTICATE, or a client "
+                                  "certificate the broker trusts)")
+        gate.check(principal, request)
+        with gate.admit(principal):
+            result = await self._handler.handle(request)
+        return result if isinstance(result, tuple) else gate.filter(principal, result)
 
     @staticmethod
     def _encode(frame: frames.Frame, result: Result) -> Answer:
@@ -312,6 +345,11 @@ class Connection:
                     await writer.drain()
                 writer.close()
                 return
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "socket API"
 
 
 async def _send_tls(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,

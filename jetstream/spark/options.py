@@ -30,6 +30,8 @@ meanings follow Spark's Kafka source wherever Kafka has the option.
                             their CA bundle, this job's certificate
                             and key (brokers verifying clients);
                             a jetstreams:// broker asks for TLS
+    user, password, token   credentials for brokers with               $JETSTREAM_CLIENT_USER,
+                            authentication                            _PASSWORD, _TOKEN
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from jetstream.errors import InvalidSparkOption
@@ -72,24 +74,38 @@ class Offsets:
         return self.per_partition.get(stream, {}).get(partition, self.default)
 
 
+class ConnectArguments(TlsArguments):
+    """The TLS and credential keyword arguments of jetstream.client.connect."""
+
+    user: str | None
+    password: str | None
+    token: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class ClientTls:
-    """The TLS files a job's clients use (picklable: executors connect with them too)."""
+    """The TLS files and credentials a job's clients use (picklable: executors connect with
+    them too)."""
 
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
 
-    def connect_options(self) -> TlsArguments:
+    def connect_options(self) -> ConnectArguments:
         """Keyword arguments of jetstream.client.connect."""
-        return TlsArguments(tls_ca=self.ca, tls_cert=self.cert, tls_key=self.key)
+        return ConnectArguments(tls_ca=self.ca, tls_cert=self.cert, tls_key=self.key,
+                                user=self.user, password=self.password, token=self.token)
 
 
 NO_TLS = ClientTls()
 
 
 def tls_option(options: Mapping[str, str]) -> ClientTls:
-    """tlsCa, tlsCert, tlsKey, else the JETSTREAM_CLIENT_TLS_* environment variables."""
+    """tlsCa, tlsCert, tlsKey, user, password, token, else the JETSTREAM_CLIENT_* environment
+    variables."""
     values = [_get(options, name) or os.environ.get(env) or None
               for name, env in (("tlsCa", "JETSTREAM_CLIENT_TLS_CA"),
                                 ("tlsCert", "JETSTREAM_CLIENT_TLS_CERT"),
@@ -97,7 +113,14 @@ def tls_option(options: Mapping[str, str]) -> ClientTls:
     if bool(values[1]) != bool(values[2]):
         raise InvalidSparkOption("tlsCert and tlsKey go together",
                                  field="tlsKey" if values[1] else "tlsCert")
-    return ClientTls(*values)
+    user, password, token = [_get(options, name) or os.environ.get(env) or None
+                             for name, env in (("user", "JETSTREAM_CLIENT_USER"),
+                                               ("password", "JETSTREAM_CLIENT_PASSWORD"),
+                                               ("token", "JETSTREAM_CLIENT_TOKEN"))]
+    if bool(user) != bool(password):
+        raise InvalidSparkOption("user and password go together",
+                                 field="password" if user else "user")
+    return ClientTls(values[0], values[1], values[2], user, password, token)
 
 
 @dataclass(frozen=True, slots=True)

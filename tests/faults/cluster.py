@@ -39,6 +39,7 @@ from jetstream.compaction.planner import CleanupPolicy
 from jetstream.natsd import NatsServer, ServerTls, restartable_ports
 from jetstream.offsets.records import OFFSETS_STREAM, coordinator_partition
 from jetstream.raft_meta.model import StreamConfig
+from jetstream.security.auth import hash_password
 from jetstream.security.certs import ensure_leaves
 from jetstream.security.tls import client_context
 from jetstream.server.process import BrokerProcess
@@ -56,6 +57,13 @@ SUBJECT = "faults.in"
 BROKERS = 3
 POLL_S = 0.1
 HTTP_TIMEOUT_S = 2.0
+#: Secured clusters run authentication and authorization too: the harness is a super user
+#: (HTTP Basic), the workload the principal of its client certificate ("client"), allowed
+#: by ACL entries only what it does: read streams, use consumer groups.
+HARNESS_USER, HARNESS_PASSWORD = "harness", "harness-password"
+WORKLOAD_ACLS = [{"principal": "client", "permission": "allow", "operation": operation,
+                  "resource_type": kind, "pattern": "*"}
+                 for operation, kind in (("read", "stream"), ("group", "group"))]
 #: Short timeouts so that failover and ISR changes happen within a fault's window.
 TUNING = ("--replica-lag-ms-max", "2000", "--replica-leader-timeout-ms", "1000",
           "--broker-timeout-ms", "2000", "--checkpoint-interval-ms", "200",
@@ -125,7 +133,8 @@ class FaultCluster:
         self._workload: subprocess.Popen[bytes] | None = None
         self._history_read = 0
         self._acks = 0
-        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S, verify=self._client_tls() or True)
+        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S, verify=self._client_tls() or True,
+                                  auth=(HARNESS_USER, HARNESS_PASSWORD) if tls else None)
         #: The bit flips made (tests/faults/faults.py's bitflip), for the report.
         self.flips: list[str] = []
 
@@ -166,6 +175,11 @@ class FaultCluster:
             broker.start(wait=False)
         for broker in self.brokers:
             broker.wait_ready(HEALTHY_TIMEOUT_S)
+        if self.tls:
+            response = self._http.post(self.brokers[0].http_url + "/acls",
+                                       json={"acls": WORKLOAD_ACLS}, timeout=30.0)
+            if response.status_code != 200:
+                raise ClusterStuck(f"add ACLs: {response.status_code} {response.text}")
         self._create_stream()
         self.wait_healthy()
 
@@ -242,7 +256,9 @@ class FaultCluster:
         return ("--tls-cert", f["broker"], "--tls-key", f["broker_key"], "--tls-ca", f["ca"],
                 "--tls-verify-client", "--http-tls-verify-client",
                 "--raft-password-file", f["raft-password"], "--nats-tls-ca", f["ca"],
-                "--nats-tls-cert", f["broker"], "--nats-tls-key", f["broker_key"])
+                "--nats-tls-cert", f["broker"], "--nats-tls-key", f["broker_key"],
+                "--authentication", "--authorization", "--super-users", HARNESS_USER,
+                "--users", f"{HARNESS_USER}:{hash_password(HARNESS_PASSWORD)}")
 
     def _client_tls(self) -> ssl.SSLContext | None:
         f = self.tls
@@ -458,7 +474,8 @@ class FaultCluster:
 
         async def clean() -> bool:
             async with connect(",".join(b.address for b in self.brokers),
-                               tls=self._client_tls()) as js:
+                               tls=self._client_tls(), user=HARNESS_USER if self.tls else None,
+                               password=HARNESS_PASSWORD if self.tls else None) as js:
                 found = await js.scrub(STREAM)
             return all(not e.get("damage") and not e.get("lost") and "error" not in e
                        for e in found)

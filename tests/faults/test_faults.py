@@ -69,7 +69,9 @@ def test_random_mix(tmp_path: Path) -> None:
 
 def test_random_mix_with_every_link_secured(tmp_path: Path) -> None:
     """The same minute with mutual TLS on every broker listener (replication through the
-    relays included), NATS over TLS with client certificates and the Raft password."""
+    relays included), NATS over TLS with client certificates, the Raft password, and
+    authentication and authorization on (brokers replicate as the broker principal; the
+    workload reads and uses groups through ACL entries)."""
     seed = int(os.environ.get("JETSTREAM_FAULT_SEED", "13"))
     result = run_mix(tmp_path, seconds=60, seed=seed, fsync=FsyncPolicy.INTERVAL,
                      partitions=2, idle_streams=50, tls=True)

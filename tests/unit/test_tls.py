@@ -158,13 +158,16 @@ def test_loopback_needs_nothing_and_every_other_address_names_what_it_lacks() ->
     found = exposures(BrokerConfig(host="10.0.0.5", cluster="0@10.0.0.5:7500,1@10.0.0.6:7500"))
     assert [(e.listener, e.missing) for e in found] == [
         ("metadata Raft", ("raft_password (or raft_password_file)",)),
-        ("socket API", ("tls_cert/tls_key", "tls_verify_client (with tls_ca)")),
+        ("socket API", ("tls_cert/tls_key", "tls_verify_client (with tls_ca) or authentication")),
         ("HTTP API", ("tls_cert/tls_key (or http_tls_cert/http_tls_key)",
-                      "http_tls_verify_client (with tls_ca)"))]
+                      "http_tls_verify_client (with tls_ca) or authentication"))]
     secured = BrokerConfig(host="10.0.0.5", cluster="0@10.0.0.5:7500", raft_password="s",
                            tls_cert="c", tls_key="k", tls_ca="ca", tls_verify_client=True,
                            http_tls_verify_client=True)
     assert exposures(secured) == []
+    authenticated = BrokerConfig(host="10.0.0.5", cluster="0@10.0.0.5:7500", raft_password="s",
+                                 tls_cert="c", tls_key="k", authentication=True)
+    assert exposures(authenticated) == []  # TLS and passwords instead of client certificates
     assert [e.listener for e in exposures(BrokerConfig(host="0.0.0.0", http_port=-1))] == [
         "socket API"]
     assert (is_loopback("127.0.0.2"), is_loopback("::1"), is_loopback("broker-1")) == (
@@ -174,7 +177,8 @@ def test_loopback_needs_nothing_and_every_other_address_names_what_it_lacks() ->
 def test_health_lists_open_listeners_only_when_started_insecure() -> None:
     exposed = BrokerConfig(host="10.0.0.5", http_port=-1, insecure=True)
     assert insecure_listeners(exposed, exposed.insecure) == [
-        "socket API on 10.0.0.5 needs tls_cert/tls_key and tls_verify_client (with tls_ca)"]
+        ("socket API on 10.0.0.5 needs tls_cert/tls_key and tls_verify_client (with tls_ca) "
+        "or authentication")]
     assert insecure_listeners(BrokerConfig(insecure=True), True) == []
     assert insecure_listeners(BrokerConfig(host="10.0.0.5"), False) is None
 
