@@ -187,7 +187,8 @@ class Broker:
             self._broker_client = BrokerClient(self._own_address,
                                                client_ssl(self.config.peer_tls),
                                                peer_credentials(self.config))
-            self._http = HttpServer(self.config, admin, self._broker_client, gate, acls)
+            self._http = HttpServer(self.config, admin, self._broker_client, gate, acls,
+                                    metrics=self.metrics)
             self.http_port = await self._http.start()
         me = BrokerInfo(self.config.broker_id, self.config.host, self._socket_api.port,
                         max(self.http_port, 0))

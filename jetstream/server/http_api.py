@@ -63,6 +63,7 @@ from jetstream.server.http_auth import (
     principal_of,
 )
 from jetstream.server.http_groups import BrokerClient, add_group_routes
+from jetstream.server.metrics import BrokerMetrics
 from jetstream.stream.format import Record, StoredRecord, decode_batches
 
 #: Most messages one GET returns and one POST appends.
@@ -453,8 +454,10 @@ class _QuietServer(uvicorn.Server):
 class HttpServer:
     def __init__(self, config: BrokerConfig, services: HttpServices,
                  broker_client: BrokerClient, gate: Gatekeeper | None = None,
-                 acls: AclAdmin | None = None) -> None:
+                 acls: AclAdmin | None = None, *, metrics: BrokerMetrics | None = None
+                 ) -> None:
         self._gate = gate
+        self._metrics = metrics
         self._acls = acls
         self._config = config
         self._services = services
@@ -471,9 +474,18 @@ class HttpServer:
         sock.setblocking(False)
         port: int = sock.getsockname()[1]
         context = server_ssl(config.http_tls)
+        metrics = self._metrics
+
+        def stalled() -> None:
+            if metrics is not None:
+                metrics.stalled_requests_total += 1
+
+        protocol = type("BrokerHTTPProtocol", (PeerPrincipalProtocol,), {
+            "headers_timeout_s": config.request_timeout_ms / 1000,
+            "on_stalled": staticmethod(stalled)})
         uv_config = uvicorn.Config(
             build_app(self._services, self._broker_client, self._gate, self._acls),
-            log_level="warning", lifespan="off", access_log=False, http=PeerPrincipalProtocol,
+            log_level="warning", lifespan="off", access_log=False, http=protocol,
             limit_concurrency=config.http_connections_max,
             # The process's live context, which SIGHUP reloads (jetstream.security.tls).
             ssl_context_factory=None if context is None else lambda *_: context)

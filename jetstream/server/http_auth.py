@@ -26,7 +26,7 @@ import base64
 import binascii
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import Body, FastAPI, Query, Request
 from starlette.routing import BaseRoute
@@ -133,7 +133,13 @@ PEER_PRINCIPAL = "jetstream.peer_principal"
 
 class PeerPrincipalProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     """uvicorn's HTTP protocol, which adds the principal of a verified client certificate
-    (its CN) to the scope of every request of the connection."""
+    (its CN) to the scope of every request of the connection, and closes a connection whose
+    next request's headers are not all in within `headers_timeout_s` of the connection, or
+    of that request's first byte (a slowloris client; uvicorn only times out idle
+    keep-alive connections). `on_stalled` counts each one closed."""
+
+    headers_timeout_s: ClassVar[float] = 30.0
+    on_stalled: ClassVar[Callable[[], None] | None] = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         principal = certificate_principal(transport.get_extra_info("peercert"))
@@ -146,6 +152,37 @@ class PeerPrincipalProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
             self.app = tagged
         super().connection_made(transport)
+        self._headers_timer: asyncio.TimerHandle | None = None
+        self._awaited: Any = None
+        self._await_headers(transport)
+
+    def data_received(self, data: bytes) -> None:
+        cycle = getattr(self, "cycle", None)  # uvicorn's cycle of the last request's headers
+        if self._headers_timer is None and (cycle is None or cycle.response_complete):
+            self._await_headers(self.transport)  # the first byte of the next request
+        super().data_received(data)
+        if self._headers_timer is not None and getattr(self, "cycle", None) is not self._awaited:
+            self._headers_timer.cancel()  # its headers are all in: a new cycle began
+            self._headers_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._headers_timer is not None:
+            self._headers_timer.cancel()
+            self._headers_timer = None
+        super().connection_lost(exc)
+
+    def _await_headers(self, transport: asyncio.Transport) -> None:
+        self._awaited = getattr(self, "cycle", None)
+        self._headers_timer = asyncio.get_running_loop().call_later(
+            self.headers_timeout_s, self._stalled, transport)
+
+    def _stalled(self, transport: asyncio.Transport) -> None:
+        self._headers_timer = None
+        if getattr(self, "cycle", None) is self._awaited and not transport.is_closing():
+            count = type(self).on_stalled
+            if count is not None:
+                count()
+            transport.close()
 
 
 def guard(gate: Gatekeeper) -> Callable[[Request], AsyncIterator[None]]:

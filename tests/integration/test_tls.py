@@ -184,6 +184,56 @@ async def test_stalled_frames_and_handshakes_are_closed(tmp_path: Path, nats_url
         secure.stop()
 
 
+async def test_http_requests_whose_headers_stall_are_closed(tmp_path: Path,
+                                                            nats_url: str) -> None:
+    """The HTTP API closes a connection whose request headers are not all in within
+    `request_timeout_ms` (a slowloris client), and one that sends nothing at all; a client
+    that sends its headers in pieces inside the time, or keeps its connection for a second
+    request, is served."""
+    process = BrokerProcess(tmp_path / "broker", nats_url,
+                            extra_args=("--request-timeout-ms", "500"))
+    try:
+        process.start()
+        http = f"127.0.0.1:{process.http_port}"
+        loop = asyncio.get_running_loop()
+        partial = b"GET /health HTTP/1.1\r\nHost: x\r\n"  # no blank line: never complete
+        closed = await loop.run_in_executor(None, _held_open_s, http, partial)
+        assert 0.4 < closed < 5.0, closed
+        closed = await loop.run_in_executor(None, _held_open_s, http, b"")
+        assert 0.4 < closed < 5.0, closed
+        served = await loop.run_in_executor(None, _two_requests_in_pieces, http)
+        assert served == [200, 200]
+        async with httpx.AsyncClient() as client:
+            metrics = (await client.get(f"http://{http}/metrics")).text
+        assert "jetstream_broker_stalled_requests_total 2" in metrics
+    finally:
+        process.stop()
+
+
+def _two_requests_in_pieces(address: str) -> list[int]:
+    """Two requests on one connection, the first one's headers in two writes 0.3 s apart
+    (inside the 0.5 s), the second in two writes too, sent 0.4 s after the first answer
+    (its time starts at its first byte): the status of each."""
+    host, port = address.rsplit(":", 1)
+    statuses = []
+    with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as sock:
+        reader = sock.makefile("rb")
+        for pause_s in (0.0, 0.4):
+            time.sleep(pause_s)
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+            time.sleep(0.3)
+            sock.sendall(b"Host: x\r\n\r\n")
+            status = reader.readline()
+            statuses.append(int(status.split()[1]))
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            reader.read(length)
+    return statuses
+
+
 def _held_open_s(address: str, send: bytes) -> float:
     """Send `send` and read until the broker closes the connection: how long that took."""
     host, port = address.rsplit(":", 1)
