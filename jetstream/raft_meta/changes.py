@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jetstream.datastreams import commands as ds
 from jetstream.raft_meta.fsm import (
     ChangeIsr,
     ChangeIsrs,
@@ -79,6 +80,9 @@ def touched(command: Command | StateRestored, result: Any) -> Touched:
                                      if isinstance(s, PartitionState)))
         case RegisterBroker() | StateRestored():
             return EVERYTHING
+        case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
+                | ds.AssignTasks():
+            return Touched()  # no partition: the datastream runner watches its own
     raise TypeError(f"not a metadata command: {command!r}")
 
 

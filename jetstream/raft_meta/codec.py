@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from jetstream.datastreams import commands as ds
 from jetstream.errors import ProtocolError
 from jetstream.raft_meta.fsm import (
     BATCH_ITEMS_MAX,
@@ -49,6 +50,9 @@ def encode_command(command: Command) -> dict[str, Any]:
         case ChangeLeaders(items=items) | ChangeIsrs(items=items):
             return {"type": type(command).__name__,
                     "items": [encode_command(item) for item in items]}
+        case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
+                | ds.AssignTasks():
+            return ds.encode(command)
     raise TypeError(f"not a metadata command: {command!r}")
 
 
@@ -76,6 +80,9 @@ def decode_command(data: Mapping[str, Any]) -> Command:
         return ChangeLeaders(_decode_items(data, ChangeLeader))
     if kind == "ChangeIsrs":
         return ChangeIsrs(_decode_items(data, ChangeIsr))
+    datastream_command = ds.decode(data)
+    if datastream_command is not None:
+        return datastream_command
     raise ProtocolError(f"unknown metadata command type {kind!r}", field="type")
 
 

@@ -32,6 +32,8 @@ from jetstream.errors import (
     UnknownPartition,
     UnknownStream,
 )
+from jetstream.datastreams import commands as ds
+from jetstream.datastreams.model import DatastreamState
 from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
 
 
@@ -117,7 +119,9 @@ class ChangeIsrs:
 ItemOutcome = PartitionState | JetstreamError
 
 Command = (RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeLeader | ChangeIsr
-           | ChangeLeaders | ChangeIsrs)
+           | ChangeLeaders | ChangeIsrs
+           # Datastreams' commands (jetstream.datastreams.commands).
+           | ds.CreateDatastream | ds.DeleteDatastream | ds.PauseDatastream | ds.AssignTasks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,8 @@ class MetadataState:
         self.leader_load: dict[int, int] = {}
         #: How many commands were applied: a version clients and brokers compare.
         self.version = 0
+        #: Datastreams by name (jetstream.datastreams.commands).
+        self.datastreams: dict[str, DatastreamState] = {}
 
     def apply(self, command: Command) -> Any:
         """Apply one command; raises a JetstreamError (state unchanged) when it is refused."""
@@ -221,6 +227,20 @@ class MetadataState:
     def _apply_ChangeIsrs(self, command: ChangeIsrs) -> tuple[ItemOutcome, ...]:
         return tuple(self._item(self._apply_ChangeIsr, item) for item in command.items)
 
+    # -- datastreams (jetstream.datastreams.commands) ----------------------------------------
+
+    def _apply_CreateDatastream(self, command: ds.CreateDatastream) -> ds.DatastreamCreated:
+        return ds.apply_create(self.datastreams, command, self.version)
+
+    def _apply_DeleteDatastream(self, command: ds.DeleteDatastream) -> DatastreamState:
+        return ds.apply_delete(self.datastreams, command)
+
+    def _apply_PauseDatastream(self, command: ds.PauseDatastream) -> DatastreamState:
+        return ds.apply_pause(self.datastreams, command)
+
+    def _apply_AssignTasks(self, command: ds.AssignTasks) -> DatastreamState:
+        return ds.apply_assign(self.datastreams, command, self.version)
+
     @staticmethod
     def _item(handler: Any, item: ChangeLeader | ChangeIsr) -> ItemOutcome:
         """One item of a batch: its handler refuses it (state unchanged) or applies it."""
@@ -278,6 +298,7 @@ class MetadataState:
             "brokers": [b.to_dict() for b in self.brokers.values()],
             "streams": [s.to_dict() for s in self.streams.values()],
             "partitions": [p.to_dict() for p in self.partitions.values()],
+            "datastreams": [d.to_dict() for d in self.datastreams.values()],
         }
 
     @classmethod
@@ -292,6 +313,9 @@ class MetadataState:
             part = PartitionState.from_dict(p)
             state.partitions[(part.stream, part.partition)] = part
             state._count(part, 1)
+        for d in data.get("datastreams", ()):  # absent in states written before them
+            datastream = DatastreamState.from_dict(d)
+            state.datastreams[datastream.name] = datastream
         return state
 
 
