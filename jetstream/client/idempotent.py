@@ -74,10 +74,12 @@ class IdempotentProducer:
                       partition: int | None = None,
                       ack_policy: AckPolicy | str | None = None,
                       timeout: float = SESSION_TIMEOUT_S,
-                      attempt_timeout: float = ATTEMPT_TIMEOUT_S) -> Ack:
+                      attempt_timeout: float = ATTEMPT_TIMEOUT_S,
+                      msg_id: str | None = None) -> Ack:
         """Publish once and for all (Client.publish's arguments): retried with the same
         sequence until acked or `timeout` seconds passed (then the last error is raised; the
-        message may be stored). Raises ProducerFenced when a newer epoch took over."""
+        message may be stored). Raises ProducerFenced when a newer epoch took over. A
+        `msg_id` also dedupes it against earlier sessions (another epoch) of the window."""
         if ack_policy is not None and AckPolicy(ack_policy) is AckPolicy.NONE:
             raise ProtocolError("an idempotent publish waits for its ack: not ack_policy none",
                                 field="ack_policy")
@@ -85,11 +87,14 @@ class IdempotentProducer:
         sequence = self._sequences.get(target, 0)
         self._sequences[target] = sequence + 1
         stamp = (self.producer_id, self.epoch, sequence)
+        expect: dict[str, Any] = {"producer": stamp}
+        if msg_id is not None:
+            expect["msg_id"] = msg_id
         deadline = time.monotonic() + timeout
         for attempt in range(1 << 30):
             try:
                 ack = await self._publishing.publish_to(
-                    target, value, key, headers, ack_policy, attempt_timeout, producer=stamp)
+                    target, value, key, headers, ack_policy, attempt_timeout, **expect)
             except RETRIED:
                 left = deadline - time.monotonic()
                 if left <= 0:

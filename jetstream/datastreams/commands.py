@@ -77,7 +77,19 @@ class AssignTasks:
     tasks: tuple[TaskAssignment, ...]
 
 
-DatastreamCommand = CreateDatastream | DeleteDatastream | PauseDatastream | AssignTasks
+@dataclass(frozen=True, slots=True)
+class RenewTaskEpoch:
+    """The broker running a task takes a new epoch for it before it (re)opens its writer:
+    compare-and-set on the task's broker and epoch. Writes at the older epoch are fenced."""
+
+    name: str
+    task: int
+    broker: int
+    expected_epoch: int
+
+
+DatastreamCommand = (CreateDatastream | DeleteDatastream | PauseDatastream | AssignTasks
+                     | RenewTaskEpoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +149,19 @@ def apply_assign(datastreams: Datastreams, command: AssignTasks,
     return new
 
 
+def apply_renew(datastreams: Datastreams, command: RenewTaskEpoch,
+                version: int) -> TaskAssignment:
+    state = _get(datastreams, command.name)
+    tasks = list(state.tasks)
+    current = tasks[command.task] if 0 <= command.task < len(tasks) else None
+    if current is None or (current.broker, current.epoch) != (command.broker,
+                                                              command.expected_epoch):
+        raise StaleDatastreamGeneration(command.name, state.generation, state.generation)
+    renewed = tasks[command.task] = replace(current, epoch=version)
+    datastreams[command.name] = replace(state, tasks=tuple(tasks))
+    return renewed
+
+
 def _check_tasks(command: AssignTasks) -> None:
     """Bugs, not input: the coordinator builds these. Every source partition in exactly one
     task, task ids 0..n-1."""
@@ -170,6 +195,9 @@ def encode(command: DatastreamCommand) -> dict[str, Any]:
                     "created_version": command.created_version,
                     "source_partitions": command.source_partitions,
                     "tasks": [t.to_dict() for t in command.tasks]}
+        case RenewTaskEpoch(name=name, task=task, broker=broker, expected_epoch=epoch):
+            return {"type": "RenewTaskEpoch", "name": name, "task": task, "broker": broker,
+                    "expected_epoch": epoch}
     raise TypeError(f"not a datastream command: {command!r}")
 
 
@@ -187,4 +215,7 @@ def decode(data: Mapping[str, Any]) -> DatastreamCommand | None:
         return AssignTasks(data["name"], int(data["expected_generation"]),
                            int(data["created_version"]), int(data["source_partitions"]),
                            tuple(TaskAssignment.from_dict(t) for t in data["tasks"]))
+    if kind == "RenewTaskEpoch":
+        return RenewTaskEpoch(data["name"], int(data["task"]), int(data["broker"]),
+                              int(data["expected_epoch"]))
     return None

@@ -17,6 +17,7 @@ from typing import TypeVar
 from jetstream.errors import JetstreamError, ProtocolError
 from jetstream.protocol import (
     admin,
+    datastreams,
     fragments,
     groups,
     integrity,
@@ -41,7 +42,7 @@ from jetstream.protocol.wire_errors import error_from_header, error_header
 _R = TypeVar("_R", bound=Response)
 
 _CONCERNS = (reads, admin, replication, offsets, groups, kv, integrity, replica_fetch,
-             fragments, registers)
+             fragments, registers, datastreams)
 
 REQUEST_TYPES: Mapping[Op, type[Request]] = {
     request_type.op: request_type for concern in _CONCERNS for request_type in concern.REQUESTS}

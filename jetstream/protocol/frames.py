@@ -115,6 +115,8 @@ class Op(enum.IntEnum):
     REPLICA_FETCH = 24
     FRAGMENTS = 25
     REGISTERS = 26
+    # Datastreams (protocol/datastreams.py): numbered from 50.
+    DATASTREAMS = 50
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -41,6 +41,7 @@ from jetstream.protocol.codec import (
     encode_response,
     expect_response,
 )
+from jetstream.protocol.datastreams import DatastreamRequest, DatastreamResponse
 from jetstream.protocol.fields import (
     BROKER_ID_MAX,
     EPOCH_MAX,
@@ -134,6 +135,8 @@ __all__ = [
     "CommitOffsetRequest",
     "CommitOffsetResponse",
     "CreateStreamRequest",
+    "DatastreamRequest",
+    "DatastreamResponse",
     "DeleteGroupRequest",
     "DeleteGroupResponse",
     "DeleteStreamRequest",

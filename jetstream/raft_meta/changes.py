@@ -81,7 +81,7 @@ def touched(command: Command | StateRestored, result: Any) -> Touched:
         case RegisterBroker() | StateRestored():
             return EVERYTHING
         case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
-                | ds.AssignTasks():
+                | ds.AssignTasks() | ds.RenewTaskEpoch():
             return Touched()  # no partition: the datastream runner watches its own
     raise TypeError(f"not a metadata command: {command!r}")
 

@@ -51,7 +51,7 @@ def encode_command(command: Command) -> dict[str, Any]:
             return {"type": type(command).__name__,
                     "items": [encode_command(item) for item in items]}
         case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
-                | ds.AssignTasks():
+                | ds.AssignTasks() | ds.RenewTaskEpoch():
             return ds.encode(command)
     raise TypeError(f"not a metadata command: {command!r}")
 

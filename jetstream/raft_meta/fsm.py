@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jetstream.datastreams import commands as ds
+from jetstream.datastreams.model import DatastreamState, TaskAssignment
 from jetstream.errors import (
     InvalidStreamConfig,
     JetstreamError,
@@ -32,8 +34,6 @@ from jetstream.errors import (
     UnknownPartition,
     UnknownStream,
 )
-from jetstream.datastreams import commands as ds
-from jetstream.datastreams.model import DatastreamState
 from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
 
 
@@ -121,7 +121,8 @@ ItemOutcome = PartitionState | JetstreamError
 Command = (RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeLeader | ChangeIsr
            | ChangeLeaders | ChangeIsrs
            # Datastreams' commands (jetstream.datastreams.commands).
-           | ds.CreateDatastream | ds.DeleteDatastream | ds.PauseDatastream | ds.AssignTasks)
+           | ds.CreateDatastream | ds.DeleteDatastream | ds.PauseDatastream | ds.AssignTasks
+           | ds.RenewTaskEpoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +241,9 @@ class MetadataState:
 
     def _apply_AssignTasks(self, command: ds.AssignTasks) -> DatastreamState:
         return ds.apply_assign(self.datastreams, command, self.version)
+
+    def _apply_RenewTaskEpoch(self, command: ds.RenewTaskEpoch) -> TaskAssignment:
+        return ds.apply_renew(self.datastreams, command, self.version)
 
     @staticmethod
     def _item(handler: Any, item: ChangeLeader | ChangeIsr) -> ItemOutcome:

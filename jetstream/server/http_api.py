@@ -40,6 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
+from jetstream.datastreams.http import STATUS as DATASTREAM_STATUS
+from jetstream.datastreams.http import add_datastream_routes
 from jetstream.errors import (
     JetstreamError,
     KeyNotFound,
@@ -103,6 +105,7 @@ _STATUS = {
     "PRODUCER_FENCED": 409,
     "DUPLICATE_SEQUENCE": 409,
     "KEY_NOT_TRACKED": 409,
+    **DATASTREAM_STATUS,
 }
 
 
@@ -415,6 +418,7 @@ def build_app(services: HttpServices, broker_client: BrokerClient) -> FastAPI:
                 "registers": answer.registers}
 
     add_group_routes(app, broker_client, _errors)
+    add_datastream_routes(app, broker_client, _errors)
     return app
 
 
