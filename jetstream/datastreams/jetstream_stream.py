@@ -55,7 +55,7 @@ SOURCE_MSG_ID_HEADER = "Jetstream-Source-Msg-Id"
 LEADER_HEADERS = frozenset({h.MSG_ID, h.PRODUCER, h.REGISTERS})
 #: Bytes one Fetch asks for, and how long one write may retry before the task is faulty.
 FETCH_BYTES = 4 * 1024 * 1024
-WRITE_TIMEOUT_S = 30.0
+WRITE_TIMEOUT_S = 10.0
 
 
 def _check_stream(settings: Mapping[str, Any], where: str) -> None:
