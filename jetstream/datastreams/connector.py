@@ -68,9 +68,14 @@ class SourceReader(Protocol):
 
 class DestinationWriter(Protocol):
     async def write(self, records: Sequence[SourceRecord]) -> None:
-        """Write `records` (in order per source partition) and return once the destination
-        acknowledged all of them; raise when it could not. Writing records again after a
-        failure must not duplicate them where the destination can tell (idempotence)."""
+        """Write `records` (in order per source partition; none: time passed) and return
+        once the destination took them; raise when it could not. Writing records again after
+        a failure must not duplicate them where the destination can tell (idempotence)."""
+
+    def checkpointable(self, partition: int, position: int) -> int | None:
+        """Everything of `partition` before `position` was passed to `write`: the position
+        the source may checkpoint now (the destination holds everything before it for good),
+        or None when nothing new is."""
 
     async def close(self) -> None: ...
 

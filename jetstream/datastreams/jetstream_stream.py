@@ -188,5 +188,8 @@ class StreamWriter:
                 subject, record.value, key=record.key, headers=headers, partition=partition,
                 timeout=WRITE_TIMEOUT_S, msg_id=msg_id)
 
+    def checkpointable(self, partition: int, position: int) -> int | None:
+        return position  # `write` returned: the destination acknowledged all of it
+
     async def close(self) -> None:
         await self._js.close()

@@ -13,13 +13,17 @@ from collections.abc import Mapping
 from jetstream.datastreams.connector import DestinationTransport, SourceConnector
 from jetstream.datastreams.jetstream_stream import JetstreamDestination, JetstreamSource
 from jetstream.datastreams.model import DatastreamConfig
+from jetstream.datastreams.nats_jetstream import NatsJetstreamSource
+from jetstream.datastreams.parquet_sink import ParquetSink
 from jetstream.errors import UnknownConnector
 
 SOURCES: Mapping[str, SourceConnector] = {
     "jetstream": JetstreamSource(),
+    "nats_jetstream": NatsJetstreamSource(),
 }
 DESTINATIONS: Mapping[str, DestinationTransport] = {
     "jetstream": JetstreamDestination(),
+    "parquet": ParquetSink(),
 }
 
 

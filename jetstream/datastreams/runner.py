@@ -11,11 +11,12 @@ refuses writes of an older epoch once a newer one wrote, and a writer is never r
 a failure, so an idempotent producer's sequences never restart within one epoch.
 
 Each partition of a task loops: resume from the checkpoint (or the source's `start`), read
-a batch, write it, wait for the destination's acknowledgement, commit the position after
-it. A failure anywhere marks the task `faulty` with the error, closes both ends, and tries
-again after a backoff that doubles from BACKOFF_S_MIN up to BACKOFF_S_MAX; as the
-checkpoint only moves after acknowledged writes, a retry re-reads what may not have been
-written (and the destination drops what was: message ids). A paused datastream or
+a batch, write it, and commit as checkpoint what the writer says the destination holds for
+good (`checkpointable`: a stream, everything it acknowledged; a file sink, what is in
+complete files). A failure anywhere marks the task `faulty` with the error, closes both
+ends, and tries again after a backoff that doubles from BACKOFF_S_MIN up to BACKOFF_S_MAX;
+as the checkpoint only moves after acknowledged writes, a retry re-reads what may not have
+been written (and the destination drops what was: message ids). A paused datastream or
 partition is not read; its task reports `paused` when all of its partitions are.
 
 Statuses, positions and counters live in `TaskRun` for /health, the diagnostics and
@@ -65,10 +66,11 @@ class TaskMoved(JetstreamError):
 
 @dataclass(slots=True)
 class PartitionProgress:
-    """A source partition's position (next to read, checkpointed), the source's end at the
-    last read, and what moved."""
+    """A source partition's position (next to read), its checkpoint (what the destination
+    holds for good), the source's end at the last read, and what moved."""
 
     position: int = -1
+    checkpoint: int = -1
     end_position: int = -1
     records_in: int = 0
     records_out: int = 0
@@ -76,7 +78,7 @@ class PartitionProgress:
     paused: bool = False
 
     def lag_records(self) -> int:
-        return max(0, self.end_position - self.position) if self.position >= 0 else -1
+        return max(0, self.end_position - self.checkpoint) if self.checkpoint >= 0 else -1
 
 
 @dataclass(slots=True)
@@ -218,11 +220,11 @@ class Runner:
                          writer: DestinationWriter) -> None:
         progress = run.progress.setdefault(partition, PartitionProgress())
         group = self._check_owner(run).config.checkpoint_group
-        position = await reader.checkpoint(group, partition)
-        if position is None:
-            position = await reader.start_position(partition)
-            await reader.commit(group, partition, position)
-        progress.position = position
+        checkpoint = await reader.checkpoint(group, partition)
+        if checkpoint is None:
+            checkpoint = await reader.start_position(partition)
+            await reader.commit(group, partition, checkpoint)
+        position = progress.position = progress.checkpoint = checkpoint
         while True:
             ds = self._check_owner(run)
             progress.paused = ds.partition_paused(partition)
@@ -233,18 +235,20 @@ class Runner:
             batch = await reader.read(partition, position, ds.config.batch_records_max,
                                       READ_WAIT_MS)
             progress.end_position = batch.end_position
-            if batch.records:
-                count = len(batch.records)
-                progress.records_in += count
-                self._count(run.name, "records_in", count)
-                self._check_owner(run)  # no write after the task moved (its epoch fences too)
-                await writer.write(batch.records)
+            count = len(batch.records)
+            progress.records_in += count
+            self._count(run.name, "records_in", count)
+            self._check_owner(run)  # no write after the task moved (its epoch fences too)
+            await writer.write(batch.records)  # also with none: a writer may roll by time
+            if count:
                 progress.records_out += count
                 progress.last_write_ms = int(time.time() * 1000)
                 self._count(run.name, "records_out", count)
-            if batch.next_position != position:
-                await reader.commit(group, partition, batch.next_position)
-                position = progress.position = batch.next_position
+            position = progress.position = batch.next_position
+            durable = writer.checkpointable(partition, position)
+            if durable is not None and durable > checkpoint:
+                await reader.commit(group, partition, durable)
+                checkpoint = progress.checkpoint = durable
             self._status(run)
 
     def _status(self, run: TaskRun) -> None:
@@ -270,7 +274,7 @@ class Runner:
             described["partitions_progress"] = [
                 {"partition": p, "source_position": pr.position,
                  "source_end_position": pr.end_position,
-                 "acknowledged_position": pr.position, "lag_records": pr.lag_records(),
+                 "checkpoint": pr.checkpoint, "lag_records": pr.lag_records(),
                  "records_in": pr.records_in, "records_out": pr.records_out,
                  "last_write_ms": pr.last_write_ms, "paused": pr.paused}
                 for p, pr in sorted(run.progress.items())]

@@ -221,3 +221,42 @@ async def test_mirror_pause_resume(broker: BrokerProcess, remote: BrokerProcess)
             assert diag["lag_records"] == 0 or diag["tasks"]
             health = (await http.get("/health")).json()
             assert len(health["datastreams"]["tasks"]) == 2
+
+
+async def test_parquet_sink_equals_the_stream_across_a_crash(tmp_path: Path,
+                                                              broker: BrokerProcess) -> None:
+    import pyarrow.parquet as pq
+
+    from jetstream.datastreams.parquet_sink import read_manifest
+
+    out = tmp_path / "lake"
+    async with jetstream.connect(broker.address) as js:
+        await js.create_stream("orders", "orders", partitions=2)
+        await publish(js, 0, 300)
+        await js.create_datastream(
+            "orders-lake", {"type": "jetstream", "settings": {"stream": "orders"}},
+            {"type": "parquet", "settings": {"path": str(out), "file_rows_max": 40,
+                                             "roll_ms": 300}}, max_tasks=2,
+            batch_records_max=25)
+
+        async def filed(count: int) -> bool | None:
+            ends = [read_manifest(out, p) for p in (0, 1)]
+            return True if all(e and e[-1]["end_offset"] == count for e in ends) else None
+
+        await eventually(lambda: filed(150), "150 rows per partition in complete files")
+    broker.restart(sig=9)  # SIGKILL
+    async with jetstream.connect(broker.address) as js:
+        await publish(js, 300, 100)
+        await eventually(lambda: filed(200), "200 rows per partition after the restart")
+        table = pq.read_table(str(out))
+        rows = sorted(table.to_pylist(), key=lambda r: (r["partition"], r["offset"]))
+        assert [(r["partition"], r["offset"]) for r in rows] == \
+            [(p, o) for p in (0, 1) for o in range(200)]  # none lost, none twice
+        for p in (0, 1):
+            original = await _read_all(js, "orders", p, 200)
+            assert [(r["key"], r["value"], dict(r["headers"])["n"]) for r in rows
+                    if r["partition"] == p] == [(m.key, m.value, m.headers["n"])
+                                                for m in original]
+            files = read_manifest(out, p)
+            assert all(f["rows"] <= 40 for f in files)
+            assert sum(f["rows"] for f in files) == 200
