@@ -260,3 +260,48 @@ async def test_parquet_sink_equals_the_stream_across_a_crash(tmp_path: Path,
             files = read_manifest(out, p)
             assert all(f["rows"] <= 40 for f in files)
             assert sum(f["rows"] for f in files) == 200
+
+
+async def test_nats_jetstream_migration_equals_the_source(tmp_path: Path,
+                                                          broker: BrokerProcess) -> None:
+    import nats
+
+    with NatsServer(tmp_path / "nats-js", jetstream=True) as source_server:
+        nc = await nats.connect(source_server.url)
+        try:
+            njs = nc.jetstream()
+            await njs.add_stream(name="LEGACY", subjects=["legacy.>"])
+
+            async def publish_legacy(first: int, count: int) -> None:
+                for i in range(first, first + count):
+                    await njs.publish(f"legacy.{i % 3}", b"old %d" % i,
+                                      headers={"n": str(i)})
+
+            await publish_legacy(0, 100)
+            async with jetstream.connect(broker.address) as js:
+                await js.create_stream("migrated", "migrated")
+                await js.create_datastream(
+                    "legacy-in", {"type": "nats_jetstream", "settings": {
+                        "url": source_server.url, "stream": "LEGACY"}},
+                    {"type": "jetstream", "settings": {"stream": "migrated"}},
+                    batch_records_max=30)
+                copied = await _read_all(js, "migrated", 0, 100)
+            broker.restart(sig=9)
+            await publish_legacy(100, 50)
+            async with jetstream.connect(broker.address) as js:
+                copied = await _read_all(js, "migrated", 0, 150)
+                assert (await js.fetch("migrated", 0, 150, max_wait_ms=300)).messages == []
+            assert [(m.value, m.headers["n"], m.headers["Nats-Subject"]) for m in copied] == \
+                [(b"old %d" % i, str(i).encode(), f"legacy.{i % 3}".encode())
+                 for i in range(150)]
+            assert [int(m.headers["Jetstream-Source-Offset"]) for m in copied] == \
+                list(range(1, 151))  # NATS JetStream sequences start at 1
+            kv = await njs.key_value("jetstream_datastreams")
+
+            async def checkpointed() -> bool | None:
+                entry = await kv.get("__datastream_legacy-in.0")
+                return True if entry.value == b"151" else None
+
+            await eventually(checkpointed, "the checkpoint in the source's key-value bucket")
+        finally:
+            await nc.close()
