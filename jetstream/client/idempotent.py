@@ -74,12 +74,10 @@ class IdempotentProducer:
                       partition: int | None = None,
                       ack_policy: AckPolicy | str | None = None,
                       timeout: float = SESSION_TIMEOUT_S,
-                      attempt_timeout: float = ATTEMPT_TIMEOUT_S,
-                      msg_id: str | None = None) -> Ack:
+                      attempt_timeout: float = ATTEMPT_TIMEOUT_S) -> Ack:
         """Publish once and for all (Client.publish's arguments): retried with the same
         sequence until acked or `timeout` seconds passed (then the last error is raised; the
-        message may be stored). Raises ProducerFenced when a newer epoch took over. A
-        `msg_id` also dedupes it against earlier sessions (another epoch) of the window."""
+        message may be stored). Raises ProducerFenced when a newer epoch took over."""
         if ack_policy is not None and AckPolicy(ack_policy) is AckPolicy.NONE:
             raise ProtocolError("an idempotent publish waits for its ack: not ack_policy none",
                                 field="ack_policy")
@@ -87,14 +85,11 @@ class IdempotentProducer:
         sequence = self._sequences.get(target, 0)
         self._sequences[target] = sequence + 1
         stamp = (self.producer_id, self.epoch, sequence)
-        expect: dict[str, Any] = {"producer": stamp}
-        if msg_id is not None:
-            expect["msg_id"] = msg_id
         deadline = time.monotonic() + timeout
         for attempt in range(1 << 30):
             try:
                 ack = await self._publishing.publish_to(
-                    target, value, key, headers, ack_policy, attempt_timeout, **expect)
+                    target, value, key, headers, ack_policy, attempt_timeout, producer=stamp)
             except RETRIED:
                 left = deadline - time.monotonic()
                 if left <= 0:

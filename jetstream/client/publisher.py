@@ -57,6 +57,9 @@ YIELD_EVERY = 64
 
 #: One item of a batch: subject, value, key, headers.
 BatchItem = tuple[str, bytes | None, bytes | None, Mapping[str, bytes] | None]
+#: A batch item with its envelope's expectation fields (msg_id, producer, ...).
+ExpectingItem = tuple[str, bytes | None, bytes | None, Mapping[str, bytes] | None,
+                      Mapping[str, Any]]
 
 
 @dataclass(slots=True)
@@ -154,13 +157,14 @@ class Publisher:
         except MaxPayloadError:
             raise RecordTooLarge(len(payload), self._nc.max_payload) from None
 
-    async def publish_batch(self, items: Iterable[BatchItem], ack_policy: AckPolicy | str | None,
+    async def publish_batch(self, items: Iterable[BatchItem | ExpectingItem],
+                            ack_policy: AckPolicy | str | None,
                             window: int, timeout_s: float) -> list[Ack]:
         if window < 1:
             raise ProtocolError(f"window must be at least 1, got {window}", field="window")
         if _no_ack(ack_policy):
-            for i, (subject, value, key, headers) in enumerate(items):
-                await self.send_unacked(subject, value, key, headers)
+            for i, item in enumerate(items):
+                await self.send_unacked(*item[:4], **_expect(item))
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)
             return []
@@ -168,14 +172,15 @@ class Publisher:
         inbox = f"{self.inbox_prefix}.b{next(self._batch_ids)}"
         ids: list[str] = []
         try:
-            for subject, value, key, headers in items:
+            for item in items:
+                subject, value, key, headers = item[:4]
                 if batch.outstanding >= window:
                     await self._wait(batch, window - 1, timeout_s)
                 if batch.error is not None:
                     break
                 correlation_id = str(next(self._ids))
                 payload = encode_envelope(value, key, headers, inbox, correlation_id,
-                                          ack_policy, batch_ack=True)
+                                          ack_policy, batch_ack=True, **_expect(item))
                 self._waiters[correlation_id] = (batch, len(batch.acks))
                 ids.append(correlation_id)
                 batch.subjects.append(subject)
@@ -259,6 +264,10 @@ def _settle(waiter: _Waiter, outcome: Ack | JetstreamError) -> None:
             waiter.set_exception(outcome)
         else:
             waiter.set_result(outcome)
+
+
+def _expect(item: BatchItem | ExpectingItem) -> Mapping[str, Any]:
+    return item[4] if len(item) > 4 else {}
 
 
 def _no_ack(ack_policy: AckPolicy | str | None) -> bool:

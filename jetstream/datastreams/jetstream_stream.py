@@ -15,16 +15,16 @@ keeps its key, value and headers and gains `Jetstream-Source` (`<stream>/<partit
 `Jetstream-Source-Msg-Id`). Exactly once: every record is published with the message id
 `<datastream>/<partition>/<offset>`, so a record written again after a crash or a task move
 is acknowledged as a duplicate and not stored, within the destination stream's
-`duplicate_window_ms`; and through an idempotent producer per source partition
+`duplicate_window_ms`; and as an idempotent producer per source partition
 (`ds.<datastream>.<partition>`) whose epoch is the task's epoch, so records are stored in
-order with no gaps and a newer owner fences an older one (PRODUCER_FENCED). A writer that
-failed is never used again: the task renews its epoch in the metadata and opens another, so
-a producer's sequences never start over within one epoch.
+order with no gaps and a newer owner fences an older one (PRODUCER_FENCED). A batch is one
+ordered pipeline of publishes (up to `in_flight_max` unacknowledged); the first error ends
+it, and a writer that failed is never used again: the task renews its epoch in the metadata
+and opens another, so a producer's sequences never start over within one epoch.
 """
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,11 +39,12 @@ from jetstream.datastreams.connector import (
 )
 from jetstream.errors import InvalidDatastreamConfig, InvalidStreamConfig, OffsetOutOfRange
 from jetstream.idempotence import headers as h
+from jetstream.client.types import PublishMessage
+from jetstream.protocol import names
 from jetstream.protocol.names import check_stream_name
 
 if TYPE_CHECKING:
     from jetstream.client import Client
-    from jetstream.client.idempotent import IdempotentProducer
     from jetstream.client.types import StreamInfo
 
 SOURCE_SETTINGS = ("stream", "brokers", "start")
@@ -142,16 +143,9 @@ class StreamWriter:
         self._js = client
         self.stream = stream
         self._context = context
-        self._producers: dict[int, IdempotentProducer] = {}
+        #: The next sequence of each source partition's producer, per destination subject.
+        self._sequences: dict[tuple[int, str], int] = {}
         self._info: StreamInfo | None = None
-        self._in_flight = asyncio.Semaphore(context.in_flight_max)
-
-    def _producer(self, partition: int) -> IdempotentProducer:
-        producer = self._producers.get(partition)
-        if producer is None:
-            producer = self._producers[partition] = self._js.idempotent_producer(
-                f"ds.{self._context.datastream}.{partition}", self._context.epoch)
-        return producer
 
     async def write(self, records: Sequence[SourceRecord]) -> None:
         if not records:
@@ -159,19 +153,21 @@ class StreamWriter:
         info = self._info
         if info is None:
             info = self._info = await self._js.stream_info(self.stream)
-        count = info.partition_count
-        # Started in order: each source partition's producer numbers its records in call
-        # order, and the destination leader stores them in sequence order.
+        messages = [self._message(record, info) for record in records]
+        # One ordered pipeline: each producer's sequences reach the leader in order, so a
+        # record lost on the way makes the ones after it refused (OUT_OF_ORDER_SEQUENCE),
+        # never stored out of order. Any error ends this writer (the task takes a new epoch).
         try:
-            async with asyncio.TaskGroup() as group:  # one failure cancels the others
-                for record in records:
-                    group.create_task(self._write_one(record, count, info.subject))
-        except BaseExceptionGroup as failed:
+            await self._js.publish_batch_expecting(
+                messages, window=self._context.in_flight_max, timeout=WRITE_TIMEOUT_S)
+        except BaseException:
             self._info = None  # the stream may have changed: describe it again next time
-            raise failed.exceptions[0] from None
+            raise
 
-    async def _write_one(self, record: SourceRecord, count: int, subject: str) -> None:
+    def _message(self, record: SourceRecord, info: StreamInfo
+                 ) -> tuple[PublishMessage, dict[str, Any]]:
         context = self._context
+        count = info.partition_count
         if context.partition_mapping == "key_hash" and record.key is not None:
             partition = zlib.crc32(record.key) % count
         else:
@@ -182,11 +178,13 @@ class StreamWriter:
             headers[SOURCE_MSG_ID_HEADER] = source_id
         headers[SOURCE_HEADER] = f"{context.source_name}/{record.partition}".encode()
         headers[SOURCE_OFFSET_HEADER] = str(record.position).encode()
-        msg_id = f"{context.datastream}/{record.partition}/{record.position}"
-        async with self._in_flight:
-            await self._producer(record.partition).publish(
-                subject, record.value, key=record.key, headers=headers, partition=partition,
-                timeout=WRITE_TIMEOUT_S, msg_id=msg_id)
+        target = names.partition_subject(info.subject, partition)
+        sequence = self._sequences.get((record.partition, target), 0)
+        self._sequences[(record.partition, target)] = sequence + 1
+        producer = (f"ds.{context.datastream}.{record.partition}", context.epoch, sequence)
+        return (PublishMessage(info.subject, record.value, record.key, headers, partition),
+                {"msg_id": f"{context.datastream}/{record.partition}/{record.position}",
+                 "producer": producer})
 
     def checkpointable(self, partition: int, position: int) -> int | None:
         return position  # `write` returned: the destination acknowledged all of it

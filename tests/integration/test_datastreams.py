@@ -19,32 +19,23 @@ from jetstream.client import Client, PublishMessage
 from jetstream.errors import (
     DatastreamExists,
     InvalidDatastreamConfig,
-    JetstreamError,
     UnknownConnector,
     UnknownDatastream,
 )
 from jetstream.natsd import NatsServer
 from jetstream.server.process import BrokerProcess
 from tests.integration.test_cli import json_of as cli_json
+from tests.integration.test_cluster import eventually as cluster_eventually
 
 T = TypeVar("T")
 DEADLINE_S = 60.0
 LEADER_HEADERS = {"Nats-Msg-Id", "Jetstream-Producer", "Jetstream-Registers"}
 
 
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str,
-                     deadline_s: float = DEADLINE_S) -> T:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            result = await probe()
-        except (JetstreamError, OSError):
-            result = None
-        if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {deadline_s} s: {what}")
-        await asyncio.sleep(0.1)
+def eventually(probe: Callable[[], Awaitable[T | None]], what: str,
+               deadline_s: float = DEADLINE_S) -> Awaitable[T]:
+    """The first non-None result of `probe` before the deadline (test_cluster's)."""
+    return cluster_eventually(probe, what, deadline_s)
 
 
 @pytest.fixture
@@ -108,7 +99,8 @@ async def test_management_and_errors(broker: BrokerProcess, js: Client) -> None:
         assert answer.status_code == 201
         assert (await http.delete("/datastreams/z")).status_code == 204
         health = (await http.get("/health")).json()
-        assert health["datastreams"]["connectors"]["sources"] == ["jetstream"]
+        assert health["datastreams"]["connectors"] == {
+            "sources": ["jetstream", "nats_jetstream"], "destinations": ["jetstream", "parquet"]}
 
     listed = await asyncio.to_thread(cli_json, broker.address, "datastreams", "list")
     assert [d["name"] for d in listed["datastreams"]] == ["orders-dr"]

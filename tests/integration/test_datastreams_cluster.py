@@ -60,16 +60,23 @@ async def start_mirror(source: BrokerProcess, destination: Client, partitions: i
     return await eventually(assigned, "tasks assigned")
 
 
+async def mirror_into_cluster(broker: BrokerProcess, source: Client, destination: Client,
+                              records: int) -> dict[int, int]:
+    """Streams of 2 partitions (the copy replicated 3 times), `records` published, the
+    mirror started: its tasks' brokers."""
+    await source.create_stream("orders", "orders", partitions=2)
+    await destination.create_stream("orders", "orders", partitions=2, replication_factor=3,
+                                    min_isr=2)
+    await publish(source, 0, records)
+    return await start_mirror(broker, destination, 2)
+
+
 @pytest.mark.timeout(300)
 async def test_task_broker_killed_mid_mirror(tmp_path: Path, broker: BrokerProcess,
                                              destination_cluster: list[BrokerProcess]) -> None:
     async with jetstream.connect(broker.address) as source, \
             jetstream.connect(brokers_of(destination_cluster)) as destination:
-        await source.create_stream("orders", "orders", partitions=2)
-        await destination.create_stream("orders", "orders", partitions=2,
-                                        replication_factor=3, min_isr=2)
-        await publish(source, 0, 400)
-        tasks = await start_mirror(broker, destination, 2)
+        tasks = await mirror_into_cluster(broker, source, destination, 400)
         publishing = asyncio.create_task(_publish_slowly(source, 400, 1600))
         await _wait_written(destination, 300)
         victim = destination_cluster[tasks[0]]
@@ -152,11 +159,7 @@ async def test_definitions_and_checkpoints_survive_a_whole_cluster_restart(
         destination_cluster: list[BrokerProcess]) -> None:
     async with jetstream.connect(broker.address) as source, \
             jetstream.connect(brokers_of(destination_cluster)) as destination:
-        await source.create_stream("orders", "orders", partitions=2)
-        await destination.create_stream("orders", "orders", partitions=2,
-                                        replication_factor=3, min_isr=2)
-        await publish(source, 0, 200)
-        await start_mirror(broker, destination, 2)
+        await mirror_into_cluster(broker, source, destination, 200)
         await assert_mirrored(source, destination, [100, 100])
         before = await destination.describe_datastream("orders-dr")
     for b in destination_cluster:
