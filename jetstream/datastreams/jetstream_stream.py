@@ -29,6 +29,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from jetstream.client.types import PublishMessage
 from jetstream.datastreams.connector import (
     Endpoints,
     SourceBatch,
@@ -39,7 +40,6 @@ from jetstream.datastreams.connector import (
 )
 from jetstream.errors import InvalidDatastreamConfig, InvalidStreamConfig, OffsetOutOfRange
 from jetstream.idempotence import headers as h
-from jetstream.client.types import PublishMessage
 from jetstream.protocol import names
 from jetstream.protocol.names import check_stream_name
 
