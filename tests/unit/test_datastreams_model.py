@@ -79,3 +79,31 @@ def test_commands_round_trip_through_the_codec() -> None:
                     PauseDatastream("x", True, (1, 2)), PauseDatastream("x", False),
                     AssignTasks("x", 3, 9, 2, (TaskAssignment(0, (0, 1), None, 4),))):
         assert decode_command(encode_command(command)) == command
+
+
+def test_renew_task_epoch_is_compare_and_set() -> None:
+    from jetstream.datastreams.commands import RenewTaskEpoch
+
+    state = MetadataState()
+    state.apply(CreateDatastream(DatastreamConfig.from_dict(MIRROR)))
+    assigned = state.apply(AssignTasks("orders-dr", 0, 0, 1, (TaskAssignment(0, (0,), 2, 0),)))
+    epoch = assigned.tasks[0].epoch
+    renewed = state.apply(RenewTaskEpoch("orders-dr", 0, 2, epoch))
+    assert renewed.epoch > epoch and state.datastreams["orders-dr"].tasks[0] == renewed
+    for stale in (RenewTaskEpoch("orders-dr", 0, 2, epoch),  # an older epoch
+                  RenewTaskEpoch("orders-dr", 0, 3, renewed.epoch),  # another broker
+                  RenewTaskEpoch("orders-dr", 5, 2, renewed.epoch)):  # no such task
+        with pytest.raises(StaleDatastreamGeneration):
+            state.apply(stale)
+    command = RenewTaskEpoch("orders-dr", 0, 2, 7)
+    assert decode_command(encode_command(command)) == command
+
+
+def test_the_socket_request_checks_its_action() -> None:
+    from jetstream.errors import ProtocolError
+    from jetstream.protocol import messages as m
+
+    request = m.DatastreamRequest("pause", "orders-dr", {"partitions": [1]})
+    assert m.DatastreamRequest.from_header(request.to_header()) == request
+    with pytest.raises(ProtocolError):
+        m.DatastreamRequest("explode", "orders-dr")
