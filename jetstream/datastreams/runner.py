@@ -75,10 +75,18 @@ class PartitionProgress:
     records_in: int = 0
     records_out: int = 0
     last_write_ms: int = 0
+    #: The source timestamp of the newest record written, and the end it was read against.
+    last_record_timestamp_ms: int = 0
     paused: bool = False
 
     def lag_records(self) -> int:
         return max(0, self.end_position - self.checkpoint) if self.checkpoint >= 0 else -1
+
+    def lag_ms(self, now_ms: int) -> int:
+        """How old the newest record written is while records wait (0: caught up)."""
+        if self.lag_records() <= 0 or not self.last_record_timestamp_ms:
+            return 0
+        return max(0, now_ms - self.last_record_timestamp_ms)
 
 
 @dataclass(slots=True)
@@ -243,6 +251,7 @@ class Runner:
             if count:
                 progress.records_out += count
                 progress.last_write_ms = int(time.time() * 1000)
+                progress.last_record_timestamp_ms = batch.records[-1].timestamp_ms
                 self._count(run.name, "records_out", count)
             position = progress.position = batch.next_position
             durable = writer.checkpointable(partition, position)
@@ -266,6 +275,7 @@ class Runner:
     def describe(self, name: str | None = None) -> list[dict[str, Any]]:
         """This broker's tasks (of datastream `name`, or all), with per-partition positions."""
         out = []
+        now_ms = int(time.time() * 1000)
         for (ds, _task), run in sorted(self.runs.items()):
             if name is not None and ds != name:
                 continue
@@ -275,6 +285,7 @@ class Runner:
                 {"partition": p, "source_position": pr.position,
                  "source_end_position": pr.end_position,
                  "checkpoint": pr.checkpoint, "lag_records": pr.lag_records(),
+                 "lag_ms": pr.lag_ms(now_ms),
                  "records_in": pr.records_in, "records_out": pr.records_out,
                  "last_write_ms": pr.last_write_ms, "paused": pr.paused}
                 for p, pr in sorted(run.progress.items())]

@@ -172,6 +172,8 @@ async def test_mirror_pause_resume(broker: BrokerProcess, remote: BrokerProcess)
 
         diagnostics = await eventually(caught_up, "diagnostics at the source's end")
         assert {t["status"] for t in diagnostics["tasks"]} == {"running"}
+        assert [p["lag_ms"] for t in diagnostics["tasks"] for p in t["partitions_progress"]] \
+            == [0, 0]  # caught up
         assert await source.fetch_offset("__datastream_orders-dr", "orders", 0) == 100
 
         # Pause one partition: the other goes on.
