@@ -1,7 +1,8 @@
 """Datastreams under faults, on real processes: a mirror from a single-broker cluster into a
 3-broker cluster whose broker running a task is SIGKILLed mid-mirror (0 lost, 0 duplicates);
 an unreachable destination (its broker killed) that marks the task `faulty`, is retried and
-loses nothing; and a whole-cluster restart that keeps definitions and checkpoints."""
+loses nothing; a whole-cluster restart that keeps definitions and checkpoints; and a
+paused partition that stays paused across a metadata-leader failover."""
 
 from __future__ import annotations
 
@@ -188,3 +189,39 @@ async def test_definitions_and_checkpoints_survive_a_whole_cluster_restart(
 
         # Read again only what came after the checkpoints: 50 per partition, not 150.
         assert await eventually(resumed_from_checkpoints, "tasks resumed") == 100
+
+
+@pytest.mark.timeout(300)
+async def test_pause_survives_a_metadata_leader_failover(
+        broker: BrokerProcess, destination_cluster: list[BrokerProcess]) -> None:
+    async with jetstream.connect(broker.address) as source:
+        async with jetstream.connect(brokers_of(destination_cluster)) as destination:
+            await mirror_into_cluster(broker, source, destination, 100)
+            await assert_mirrored(source, destination, [50, 50])
+            await destination.pause_datastream("orders-dr", [1])
+            await destination.refresh_metadata()
+            leader = destination.metadata_leader
+            assert leader is not None
+        destination_cluster[leader].kill()
+        async with jetstream.connect(brokers_of(destination_cluster)) as destination:
+            async def new_leader() -> int | None:
+                await destination.refresh_metadata()
+                found = destination.metadata_leader
+                return found if found is not None and found != leader else None
+
+            await eventually(new_leader, "a new metadata leader")
+            described = await destination.describe_datastream("orders-dr")
+            assert described["paused_partitions"] == [1]
+            await publish(source, 100, 100)
+            await _wait_copied(destination, 0, 100)
+            assert (await destination.fetch("orders", 1, 50, max_wait_ms=500)).messages == []
+            await destination.resume_datastream("orders-dr", [1])
+            await assert_mirrored(source, destination, [100, 100])
+
+
+async def _wait_copied(js: Client, partition: int, count: int) -> None:
+    async def copied() -> bool | None:
+        hw = (await js.partition_status("orders", partition)).high_watermark or 0
+        return True if hw >= count else None
+
+    await eventually(copied, f"{count} records in partition {partition}")
