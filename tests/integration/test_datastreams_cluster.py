@@ -1,8 +1,9 @@
 """Datastreams under faults, on real processes: a mirror from a single-broker cluster into a
 3-broker cluster whose broker running a task is SIGKILLed mid-mirror (0 lost, 0 duplicates);
 an unreachable destination (its broker killed) that marks the task `faulty`, is retried and
-loses nothing; a whole-cluster restart that keeps definitions and checkpoints; and a
-paused partition that stays paused across a metadata-leader failover."""
+loses nothing; a whole-cluster restart that keeps definitions and checkpoints; a paused
+partition that stays paused across a metadata-leader failover; and a rolling restart of the
+destination cluster under load (0 lost, 0 duplicates)."""
 
 from __future__ import annotations
 
@@ -225,3 +226,30 @@ async def _wait_copied(js: Client, partition: int, count: int) -> None:
         return True if hw >= count else None
 
     await eventually(copied, f"{count} records in partition {partition}")
+
+
+@pytest.mark.timeout(600)
+async def test_mirror_through_a_rolling_restart(
+        broker: BrokerProcess, destination_cluster: list[BrokerProcess]) -> None:
+    async with jetstream.connect(broker.address) as source:
+        async with jetstream.connect(brokers_of(destination_cluster)) as destination:
+            await mirror_into_cluster(broker, source, destination, 200)
+        stop = asyncio.Event()
+        publishing = asyncio.create_task(_publish_until(source, 200, stop))
+        for restarted in destination_cluster:
+            await asyncio.to_thread(restarted.restart)  # SIGTERM, then start again
+        stop.set()
+        total = await publishing
+        assert total > 200 + 100  # it published while the brokers restarted
+        async with jetstream.connect(brokers_of(destination_cluster)) as destination:
+            await assert_mirrored(source, destination, [total // 2, total // 2])
+
+
+async def _publish_until(js: Client, first: int, stop: asyncio.Event) -> int:
+    """Batches of 20 records every 50 ms from `first` until `stop`; the total published."""
+    end = first
+    while not stop.is_set():
+        await publish(js, end, 20)
+        end += 20
+        await asyncio.sleep(0.05)
+    return end
