@@ -117,7 +117,7 @@ async def test_management_and_errors(broker: BrokerProcess, js: Client) -> None:
     assert await js.list_datastreams() == []
 
 
-async def _read_all(js: Client, stream: str, partition: int, count: int
+async def read_all(js: Client, stream: str, partition: int, count: int
                     ) -> list[jetstream.client.Message]:
     out: list[jetstream.client.Message] = []
     deadline = time.monotonic() + DEADLINE_S
@@ -135,8 +135,8 @@ def user_headers(headers: Any) -> dict[str, bytes]:
 
 async def assert_mirrored(source: Client, destination: Client, counts: list[int]) -> None:
     for partition, count in enumerate(counts):
-        original = await _read_all(source, "orders", partition, count)
-        copied = await _read_all(destination, "orders", partition, count)
+        original = await read_all(source, "orders", partition, count)
+        copied = await read_all(destination, "orders", partition, count)
         more = await destination.fetch("orders", partition, count, max_wait_ms=200)
         assert more.messages == [], "duplicates in the destination"
         assert [(m.key, m.value, user_headers(m.headers)) for m in copied] == \
@@ -186,7 +186,7 @@ async def test_mirror_pause_resume(broker: BrokerProcess, remote: BrokerProcess)
 
         await eventually(paused_reported, "partition 1 paused")
         await publish(source, 200, 100)
-        await _read_all(destination, "orders", 0, 150)
+        await read_all(destination, "orders", 0, 150)
         await asyncio.sleep(1.0)  # give a wrongly running partition 1 the time to show
         assert (await destination.fetch("orders", 1, 100, max_wait_ms=0)).messages == []
         await destination.resume_datastream("orders-dr", [1])
@@ -247,7 +247,7 @@ async def test_parquet_sink_equals_the_stream_across_a_crash(tmp_path: Path,
         assert [(r["partition"], r["offset"]) for r in rows] == \
             [(p, o) for p in (0, 1) for o in range(200)]  # none lost, none twice
         for p in (0, 1):
-            original = await _read_all(js, "orders", p, 200)
+            original = await read_all(js, "orders", p, 200)
             assert [(r["key"], r["value"], dict(r["headers"])["n"]) for r in rows
                     if r["partition"] == p] == [(m.key, m.value, m.headers["n"])
                                                 for m in original]
@@ -279,11 +279,11 @@ async def test_nats_jetstream_migration_equals_the_source(tmp_path: Path,
                         "url": source_server.url, "stream": "LEGACY"}},
                     {"type": "jetstream", "settings": {"stream": "migrated"}},
                     batch_records_max=30)
-                copied = await _read_all(js, "migrated", 0, 100)
+                copied = await read_all(js, "migrated", 0, 100)
             broker.restart(sig=9)
             await publish_legacy(100, 50)
             async with jetstream.connect(broker.address) as js:
-                copied = await _read_all(js, "migrated", 0, 150)
+                copied = await read_all(js, "migrated", 0, 150)
                 assert (await js.fetch("migrated", 0, 150, max_wait_ms=300)).messages == []
             assert [(m.value, m.headers["n"], m.headers["Nats-Subject"]) for m in copied] == \
                 [(b"old %d" % i, str(i).encode(), f"legacy.{i % 3}".encode())
