@@ -23,11 +23,11 @@ from jetstream.server.process import BrokerProcess
 from tests.integration.test_cluster import running_cluster
 from tests.integration.test_datastreams import (
     DEADLINE_S,
-    read_all,
     assert_mirrored,
     eventually,
     mirror_of,
     publish,
+    read_all,
 )
 
 
