@@ -32,7 +32,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jetstream import cli_demo, cli_fragments, cli_groups, cli_kv, cli_registers, cli_scrub
+from jetstream import (
+    cli_datastreams,
+    cli_demo,
+    cli_fragments,
+    cli_groups,
+    cli_kv,
+    cli_registers,
+    cli_scrub,
+)
 from jetstream.cli_acl import add_security_commands, auth_options
 from jetstream.cli_text import (
     FROM_HELP,
@@ -564,6 +572,7 @@ def add_commands(commands: Any, client_flags: argparse.ArgumentParser) -> None:
     leaf(group, "delete", stream_delete, "delete a stream and its data").add_argument("name")
 
     cli_groups.add_commands(commands, leaf)
+    cli_datastreams.add_commands(commands, leaf)
     cli_kv.add_arguments(
         leaf(commands, "get", cli_kv.get, "print a key's latest value (compacted streams)"),
         leaf(commands, "keys", cli_kv.keys, "list live keys (compacted streams)"))

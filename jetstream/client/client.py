@@ -14,6 +14,7 @@ cluster through one router (routing.py: connections, the metadata cache, leaders
   fetches for bulk readers.
 - KeyValueReads (kv.py): get and keys on compacted streams.
 - ConsumerGroups (groups.py, offsets.py): group members, committed offsets, group admin.
+- DatastreamAdmin (datastreams.py): datastreams' management and diagnostics.
 A new concern is a new part: a module with its calls, named in the `Client` bases and
 started in `__init__`. This module holds only what ties the parts together: construction,
 start, close, and `subscribe`, which is a partition's or a consumer group's.
@@ -35,6 +36,7 @@ from jetstream.client.connection import (
     REQUESTS_MAX,
     split_address,
 )
+from jetstream.client.datastreams import DatastreamAdmin
 from jetstream.client.group_subscription import Callback, GroupSubscription
 from jetstream.client.groups import ConsumerGroups
 from jetstream.client.kv import KeyValueReads
@@ -155,7 +157,8 @@ def _nats_options(options: Mapping[str, Any] | None,
     return out
 
 
-class Client(StreamAdmin, Publishing, Reading, KeyValueReads, ConsumerGroups, AclCalls):
+class Client(StreamAdmin, Publishing, Reading, KeyValueReads, ConsumerGroups, AclCalls,
+             DatastreamAdmin):
     """A Jetstream client. Build it with `connect`; every method is a coroutine except
     `subscribe`, which returns an async iterator."""
 

@@ -59,6 +59,9 @@ YIELD_EVERY = 64
 BatchItem = tuple[str, bytes | None, bytes | None, Mapping[str, bytes] | None]
 #: An idempotent producer's stamp of one message: producer id, epoch, sequence.
 Stamp = tuple[str, int, int]
+#: A batch item with its envelope's expectation fields (msg_id, producer, ...).
+ExpectingItem = tuple[str, bytes | None, bytes | None, Mapping[str, bytes] | None,
+                      Mapping[str, Any]]
 
 
 @dataclass(slots=True)
@@ -156,18 +159,18 @@ class Publisher:
         except MaxPayloadError:
             raise RecordTooLarge(len(payload), self._nc.max_payload) from None
 
-    async def publish_batch(self, items: Iterable[BatchItem], ack_policy: AckPolicy | str | None,
+    async def publish_batch(self, items: Iterable[BatchItem | ExpectingItem],
+                            ack_policy: AckPolicy | str | None,
                             window: int, timeout_s: float) -> list[Ack]:
         if window < 1:
             raise ProtocolError(f"window must be at least 1, got {window}", field="window")
         if _no_ack(ack_policy):
-            for i, (subject, value, key, headers) in enumerate(items):
-                await self.send_unacked(subject, value, key, headers)
+            for i, item in enumerate(items):
+                await self.send_unacked(*item[:4], **_expect(item))
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)
             return []
-        batch = await self._send_batch(((item, None) for item in items), ack_policy, window,
-                                       timeout_s)
+        batch = await self._send_batch(iter(items), ack_policy, window, timeout_s)
         if batch.error is not None:
             batch.error.add_note(f"message {batch.error_index} of the batch, on subject "
                                  f"{batch.subjects[batch.error_index]!r}")
@@ -180,10 +183,12 @@ class Publisher:
         """`publish_batch` of messages that each carry an idempotent producer's stamp
         (jetstream.client.idempotent): what each got (None: no ack) and the first error
         (AckTimeout too), instead of raising it."""
-        batch = await self._send_batch(iter(items), ack_policy, window, timeout_s)
+        batch = await self._send_batch(
+            ((*item, {"producer": stamp}) for item, stamp in items), ack_policy, window,
+            timeout_s)
         return batch.acks, batch.error
 
-    async def _send_batch(self, items: Iterator[tuple[BatchItem, Stamp | None]],
+    async def _send_batch(self, items: Iterator[BatchItem | ExpectingItem],
                           ack_policy: AckPolicy | str | None, window: int,
                           timeout_s: float) -> _Batch:
         """Send `items` with at most `window` un-acked; the batch once every ack came or one
@@ -192,15 +197,15 @@ class Publisher:
         inbox = f"{self.inbox_prefix}.b{next(self._batch_ids)}"
         ids: list[str] = []
         try:
-            for (subject, value, key, headers), stamp in items:
+            for item in items:
+                subject, value, key, headers = item[:4]
                 if batch.outstanding >= window:
                     await self._wait(batch, window - 1, timeout_s)
                 if batch.error is not None:
                     break
                 correlation_id = str(next(self._ids))
-                expect = {} if stamp is None else {"producer": stamp}
                 payload = encode_envelope(value, key, headers, inbox, correlation_id,
-                                          ack_policy, batch_ack=True, **expect)
+                                          ack_policy, batch_ack=True, **_expect(item))
                 self._waiters[correlation_id] = (batch, len(batch.acks))
                 ids.append(correlation_id)
                 batch.subjects.append(subject)
@@ -282,6 +287,10 @@ def _settle(waiter: _Waiter, outcome: Ack | JetstreamError) -> None:
             waiter.set_exception(outcome)
         else:
             waiter.set_result(outcome)
+
+
+def _expect(item: BatchItem | ExpectingItem) -> Mapping[str, Any]:
+    return item[4] if len(item) > 4 else {}
 
 
 def _no_ack(ack_policy: AckPolicy | str | None) -> bool:

@@ -149,6 +149,18 @@ class Publishing:
         items = (self._batch_item(message) for message in messages)
         return await publisher.publish_batch(items, ack_policy, window, timeout)
 
+    async def publish_batch_expecting(
+        self, messages: Iterable[tuple[PublishMessage, Mapping[str, Any]]], *,
+        window: int = 1000, timeout: float = PUBLISH_TIMEOUT_S) -> list[Ack]:
+        """`publish_batch` where each message carries its expectation fields (`msg_id`,
+        `producer` as (id, epoch, sequence), ...: the envelope's), sent in order on one
+        connection, so a partition's leader judges them in this order. Raises the first
+        error an ack carries; nothing after it is sent."""
+        publisher = await self._ensure_publisher()
+        self._router.refresh_in_background()
+        items = ((*self._batch_item(message), dict(expect)) for message, expect in messages)
+        return await publisher.publish_batch(items, None, window, timeout)
+
     def _batch_item(self, message: PublishMessage | tuple[str, bytes]) -> BatchItem:
         if isinstance(message, tuple):
             subject, value = message

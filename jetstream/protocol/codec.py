@@ -18,6 +18,7 @@ from jetstream.errors import JetstreamError, ProtocolError
 from jetstream.protocol import (
     admin,
     auth,
+    datastreams,
     fragments,
     groups,
     integrity,
@@ -42,7 +43,7 @@ from jetstream.protocol.wire_errors import error_from_header, error_header
 _R = TypeVar("_R", bound=Response)
 
 _CONCERNS = (reads, admin, replication, offsets, groups, kv, integrity, replica_fetch,
-             fragments, registers, auth)
+             fragments, registers, auth, datastreams)
 
 REQUEST_TYPES: Mapping[Op, type[Request]] = {
     request_type.op: request_type for concern in _CONCERNS for request_type in concern.REQUESTS}

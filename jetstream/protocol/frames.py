@@ -120,6 +120,8 @@ class Op(enum.IntEnum):
     ACL_LIST = 41
     ACL_ADD = 42
     ACL_REMOVE = 43
+    # Datastreams (protocol/datastreams.py): numbered from 50.
+    DATASTREAMS = 50
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -52,6 +52,7 @@ from jetstream.protocol.codec import (
     encode_response,
     expect_response,
 )
+from jetstream.protocol.datastreams import DatastreamRequest, DatastreamResponse
 from jetstream.protocol.fields import (
     BROKER_ID_MAX,
     EPOCH_MAX,
@@ -153,6 +154,8 @@ __all__ = [
     "CommitOffsetResponse",
     "CreateStreamRequest",
     "Credentials",
+    "DatastreamRequest",
+    "DatastreamResponse",
     "DeleteGroupRequest",
     "DeleteGroupResponse",
     "DeleteStreamRequest",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jetstream.datastreams import commands as ds
 from jetstream.raft_meta.fsm import (
     AddAcls,
     ChangeIsr,
@@ -85,6 +86,9 @@ def touched(command: Command | StateRestored, result: Any) -> Touched:
             return EVERYTHING
         case AddAcls() | RemoveAcls():
             return NOTHING
+        case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
+                | ds.AssignTasks() | ds.RenewTaskEpoch():
+            return Touched()  # no partition: the datastream runner watches its own
     raise TypeError(f"not a metadata command: {command!r}")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from jetstream.datastreams import commands as ds
 from jetstream.errors import ProtocolError
 from jetstream.raft_meta.fsm import (
     BATCH_ITEMS_MAX,
@@ -54,6 +55,9 @@ def encode_command(command: Command) -> dict[str, Any]:
                     "items": [encode_command(item) for item in items]}
         case AddAcls(entries=entries) | RemoveAcls(entries=entries):
             return {"type": type(command).__name__, "acls": [e.to_dict() for e in entries]}
+        case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
+                | ds.AssignTasks() | ds.RenewTaskEpoch():
+            return ds.encode(command)
     raise TypeError(f"not a metadata command: {command!r}")
 
 
@@ -84,6 +88,9 @@ def decode_command(data: Mapping[str, Any]) -> Command:
     if kind in ("AddAcls", "RemoveAcls"):
         entries = tuple(AclEntry.from_dict(e) for e in data["acls"])
         return AddAcls(entries) if kind == "AddAcls" else RemoveAcls(entries)
+    datastream_command = ds.decode(data)
+    if datastream_command is not None:
+        return datastream_command
     raise ProtocolError(f"unknown metadata command type {kind!r}", field="type")
 
 

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jetstream.datastreams import commands as ds
+from jetstream.datastreams.model import DatastreamState, TaskAssignment
 from jetstream.errors import (
     InvalidAcl,
     InvalidStreamConfig,
@@ -133,7 +135,10 @@ class RemoveAcls:
 ItemOutcome = PartitionState | JetstreamError
 
 Command = (RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeLeader | ChangeIsr
-           | ChangeLeaders | ChangeIsrs | AddAcls | RemoveAcls)
+            | ChangeLeaders | ChangeIsrs | AddAcls | RemoveAcls
+            # Datastreams' commands (jetstream.datastreams.commands).
+            | ds.CreateDatastream | ds.DeleteDatastream | ds.PauseDatastream | ds.AssignTasks
+            | ds.RenewTaskEpoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +165,8 @@ class MetadataState:
         #: the last change to them (decision caches start over when it moves).
         self.acls: dict[AclEntry, int] = {}
         self.acl_version = 0
+        #: Datastreams by name (jetstream.datastreams.commands).
+        self.datastreams: dict[str, DatastreamState] = {}
 
     def apply(self, command: Command) -> Any:
         """Apply one command; raises a JetstreamError (state unchanged) when it is refused."""
@@ -258,6 +265,22 @@ class MetadataState:
         if removed:
             self.acl_version = self.version + 1
         return len(removed)
+    # -- datastreams (jetstream.datastreams.commands) ----------------------------------------
+
+    def _apply_CreateDatastream(self, command: ds.CreateDatastream) -> ds.DatastreamCreated:
+        return ds.apply_create(self.datastreams, command, self.version)
+
+    def _apply_DeleteDatastream(self, command: ds.DeleteDatastream) -> DatastreamState:
+        return ds.apply_delete(self.datastreams, command)
+
+    def _apply_PauseDatastream(self, command: ds.PauseDatastream) -> DatastreamState:
+        return ds.apply_pause(self.datastreams, command)
+
+    def _apply_AssignTasks(self, command: ds.AssignTasks) -> DatastreamState:
+        return ds.apply_assign(self.datastreams, command, self.version)
+
+    def _apply_RenewTaskEpoch(self, command: ds.RenewTaskEpoch) -> TaskAssignment:
+        return ds.apply_renew(self.datastreams, command, self.version)
 
     @staticmethod
     def _item(handler: Any, item: ChangeLeader | ChangeIsr) -> ItemOutcome:
@@ -318,6 +341,7 @@ class MetadataState:
             "partitions": [p.to_dict() for p in self.partitions.values()],
             "acls": [[e.to_dict(), added] for e, added in self.acls.items()],
             "acl_version": self.acl_version,
+            "datastreams": [d.to_dict() for d in self.datastreams.values()],
         }
 
     @classmethod
@@ -335,6 +359,9 @@ class MetadataState:
         for entry, added in data.get("acls", ()):  # absent from dumps written before ACLs
             state.acls[AclEntry.from_dict(entry)] = added
         state.acl_version = data.get("acl_version", 0)
+        for d in data.get("datastreams", ()):  # absent in states written before them
+            datastream = DatastreamState.from_dict(d)
+            state.datastreams[datastream.name] = datastream
         return state
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from jetstream.datastreams.service import DatastreamService
 from jetstream.errors import NotLeader, ProtectedStream, UnknownStream
 from jetstream.offsets.records import is_internal
 from jetstream.protocol import messages as m
@@ -69,6 +70,8 @@ class Admin:
         self._kv = kv
         self._coordinators = coordinators
         self.fragments = FragmentsService(config, roles)
+        #: Datastreams (jetstream.datastreams.service), set by the broker once built.
+        self.datastreams: DatastreamService | None = None
 
     @property
     def broker_id(self) -> int:
@@ -219,6 +222,8 @@ class Admin:
         stores = self._roles.tiering.warnings(self._tiers())
         if stores:
             health["fragment_store_warnings"] = stores
+        if self.datastreams is not None:
+            health["datastreams"] = self.datastreams.health()
         return health
 
     def _tiers(self) -> list[PartitionTier]:
@@ -238,6 +243,8 @@ class Admin:
         disk += self._roles.tiering.render_metrics(self._tiers())
         if self._cluster is not None:
             disk += self._cluster.render_metrics()
+        if self.datastreams is not None:
+            disk += self.datastreams.render_metrics()
         return (render(rows, self._metrics) + "\n".join(self._cleaner.render_metrics()) + "\n"
                 + "\n".join(self.integrity.render_metrics()) + "\n"
                 + "\n".join(self._roles.sessions.render_metrics()) + "\n"

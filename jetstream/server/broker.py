@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from jetstream.datastreams.service import DatastreamService
 from jetstream.errors import InsecureListener
 from jetstream.natsd import NatsServer
 from jetstream.protocol import messages as m
@@ -100,6 +101,7 @@ class Broker:
         self._socket_api: SocketApi | None = None
         self._http: HttpServer | None = None
         self._broker_client: BrokerClient | None = None
+        self._datastreams: DatastreamService | None = None
         self._failover_task: asyncio.Task[None] | None = None
         self._reconciling: asyncio.Task[None] | None = None
         self._disk = DiskMonitor(self.data_dir, config.disk_high_watermark_percent)
@@ -180,6 +182,14 @@ class Broker:
                       integrity, files)
         gate = Gatekeeper(self.config, metadata, self.metrics)
         acls = AclAdmin(metadata)
+        # Datastreams (jetstream.datastreams): management, coordinator, tasks.
+        cluster_ = self._cluster
+        datastreams = self._datastreams = DatastreamService(
+            self.config.broker_id, metadata,
+            cluster_.live_brokers if cluster_ is not None else lambda: (self.config.broker_id,),
+            cluster_.address_of if cluster_ is not None else lambda _b: None,
+            self._own_address, client_ssl(self.config.peer_tls))
+        admin.datastreams = datastreams
         dispatcher = self._dispatcher(admin, roles, kv, offsets, coordinators, acls)
         self._socket_api = SocketApi(self.config, self.metrics, dispatcher, gate)
         await self._socket_api.start()
@@ -206,6 +216,7 @@ class Broker:
         kv.start()
         coordinators.start()
         await integrity.start()
+        datastreams.start()
         ready = json.dumps(self.describe_self()).encode()
         self._reserve.write(lambda: write_atomic(self.data_dir / READY_FILE, ready))
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
@@ -268,6 +279,7 @@ class Broker:
             on(m.ScrubRequest, admin.on_scrub),
             on(m.FragmentsRequest, admin.on_fragments),
             on(m.RegistersRequest, admin.on_registers),
+            on(m.DatastreamRequest, self._datastreams_handler()),
             on(m.MetadataRequest, admin.on_metadata),
             on(m.ListStreamsRequest, admin.on_list_streams),
             on(m.CreateStreamRequest, admin.on_create_stream),
@@ -289,6 +301,10 @@ class Broker:
             on(m.AclAddRequest, acls.on_add),
             on(m.AclRemoveRequest, acls.on_remove),
         ]))
+
+    def _datastreams_handler(self) -> Any:
+        assert self._datastreams is not None
+        return self._datastreams.handle
 
     async def _connect_nats(self) -> NatsPort:
         urls = self.config.nats_urls
@@ -322,6 +338,8 @@ class Broker:
         unless `hand_over` is False (the whole cluster is stopping: `jetstream dev`)."""
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / READY_FILE).unlink()
+        if self._datastreams is not None:
+            await self._datastreams.stop()
         roles = self._roles
         if self._cluster is not None and roles is not None and roles.enabled and hand_over:
             await self._cluster.hand_over(sorted(roles.leaders))

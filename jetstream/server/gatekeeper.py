@@ -41,6 +41,8 @@ ANONYMOUS = "ANONYMOUS"
 #: (operation, resource_type, resource name)
 Need = tuple[str, str, str]
 _CLUSTER_ADMIN: Need = ("cluster_admin", "cluster", CLUSTER)
+#: Datastream actions that only read (the rest change the cluster's pipes).
+DATASTREAM_READS = frozenset({"get", "list", "diagnostics", "tasks"})
 
 
 class HasState(Protocol):
@@ -88,6 +90,10 @@ def required(request: m.Request) -> list[Need]:
             return [("describe", "stream", s) for s in named]
         case m.ListGroupsRequest() | m.AclListRequest():
             return [("describe", "cluster", CLUSTER)]
+        case m.DatastreamRequest(action=action):
+            # Datastreams are the cluster's pipes: managing them is cluster administration.
+            return [("describe", "cluster", CLUSTER) if action in DATASTREAM_READS
+                    else _CLUSTER_ADMIN]
     return []
 
 

@@ -40,6 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
+from jetstream.datastreams.http import STATUS as DATASTREAM_STATUS
+from jetstream.datastreams.http import add_datastream_routes
 from jetstream.errors import (
     JetstreamError,
     KeyNotFound,
@@ -117,6 +119,7 @@ _STATUS = {
     "NOT_AUTHORIZED": 403,
     "INVALID_ACL": 400,
     "TOO_MANY_IN_FLIGHT": 429,
+    **DATASTREAM_STATUS,
 }
 
 
@@ -440,6 +443,7 @@ def build_app(services: HttpServices, broker_client: BrokerClient,
     add_group_routes(app, broker_client, _errors)
     if acls is not None:
         add_acl_routes(app, acls, _errors)
+    add_datastream_routes(app, broker_client, _errors)
     return app
 
 

@@ -156,6 +156,9 @@ def test_requests_name_what_they_need() -> None:
         ("cluster_admin", "cluster", "cluster")]
     assert required(m.DeleteStreamRequest("s")) == [("delete", "stream", "s")]
     assert required(m.RegistersRequest("s", 0)) == [("read", "stream", "s")]
+    assert required(m.DatastreamRequest("list")) == [("describe", "cluster", "cluster")]
+    assert required(m.DatastreamRequest("pause", "d")) == [
+        ("cluster_admin", "cluster", "cluster")]
     assert required(m.MetadataRequest(None)) == []  # filtered, not refused
     assert required(m.MetadataRequest(["a"])) == [("describe", "stream", "a")]
     commit = m.CommitOffsetRequest("g", [{"stream": "s", "partition": 0, "offset": 1}])

@@ -94,6 +94,8 @@ def test_declared_layout() -> None:
     # Authentication and ACLs are numbered from 40.
     assert [int(Op.AUTHENTICATE), int(Op.ACL_LIST), int(Op.ACL_ADD), int(Op.ACL_REMOVE)] == [
         40, 41, 42, 43]
+    # Datastreams are numbered from 50.
+    assert int(Op.DATASTREAMS) == 50
 
 
 def test_a_length_of_4_gib_raises_on_the_prefix_alone() -> None:

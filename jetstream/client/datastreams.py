@@ -1,0 +1,59 @@
+"""Datastream management from the client: create, list, describe, pause, resume, delete,
+diagnostics (the socket API's DATASTREAMS, answered by any broker)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jetstream.client.routing import Router
+from jetstream.protocol import messages as m
+
+
+class DatastreamAdmin:
+    _router: Router
+
+    async def _datastreams(self, action: str, name: str = "",
+                           body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        request = m.DatastreamRequest(action, name, dict(body or {}))
+        return (await self._router.admin(request, m.DatastreamResponse)).result
+
+    async def create_datastream(self, name: str, source: Mapping[str, Any],
+                                destination: Mapping[str, Any], **options: Any
+                                ) -> dict[str, Any]:
+        """Create a datastream (a no-op when it exists with the same definition): `source`
+        and `destination` are `{"type": ..., "settings": {...}}`; `options` are max_tasks,
+        batch_records_max, in_flight_max, partition_mapping, labels. Answers its description
+        (`created`: False when it existed). Raises InvalidDatastreamConfig, UnknownConnector,
+        DatastreamExists."""
+        return await self._datastreams("create", body={
+            "name": name, "source": dict(source), "destination": dict(destination), **options})
+
+    async def list_datastreams(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = (await self._datastreams("list"))["datastreams"]
+        return found
+
+    async def describe_datastream(self, name: str) -> dict[str, Any]:
+        """Definition, status, paused partitions and tasks. Raises UnknownDatastream."""
+        return await self._datastreams("get", name)
+
+    async def pause_datastream(self, name: str,
+                               partitions: Sequence[int] | None = None) -> dict[str, Any]:
+        """Pause the whole datastream, or only these source partitions."""
+        body = {} if partitions is None else {"partitions": list(partitions)}
+        return await self._datastreams("pause", name, body)
+
+    async def resume_datastream(self, name: str,
+                                partitions: Sequence[int] | None = None) -> dict[str, Any]:
+        body = {} if partitions is None else {"partitions": list(partitions)}
+        return await self._datastreams("resume", name, body)
+
+    async def delete_datastream(self, name: str) -> None:
+        """Delete a datastream: its tasks stop (its checkpoints stay in `__offsets` under
+        the group `__datastream_<name>`). Raises UnknownDatastream."""
+        await self._datastreams("delete", name)
+
+    async def datastream_diagnostics(self, name: str) -> dict[str, Any]:
+        """Per task and source partition: status, positions, lag, records in and out,
+        gathered from every broker running a task."""
+        return await self._datastreams("diagnostics", name)

@@ -1,0 +1,125 @@
+"""The datastream coordinator: on the metadata leader, keep every datastream's tasks planned.
+
+Theory of operation (Brooklin's leader coordinator): every TICK_S the broker that leads the
+metadata learns each datastream's source partition count (asked of the source through its
+connector at most every PARTITIONS_REFRESH_S, remembered between asks), takes the live
+brokers (this one and those whose metadata Raft connection is up, as failover does), plans
+with the pure planner (jetstream.datastreams.planner) and proposes `AssignTasks` for each
+datastream whose plan differs from its tasks. The proposal is compare-and-set on the
+datastream's generation, so a plan made on stale state is refused and made again next tick.
+A broker that dies drops out of the live set and its tasks move at the next tick; a source
+that grows partitions gets them split into tasks at the next ask. A source that cannot be
+asked keeps its last known count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jetstream.datastreams import registry
+from jetstream.datastreams.commands import AssignTasks
+from jetstream.datastreams.connector import Endpoints, SourceReader
+from jetstream.datastreams.model import DatastreamState
+from jetstream.datastreams.planner import PlanInput, changed, plan
+from jetstream.errors import JetstreamError
+from jetstream.raft_meta.fsm import MetadataState
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.25
+PARTITIONS_REFRESH_S = 5.0
+ASK_TIMEOUT_S = 5.0
+
+
+class Coordinator:
+    def __init__(self, state: Callable[[], MetadataState], is_leader: Callable[[], bool],
+                 live: Callable[[], tuple[int, ...]], propose: Callable[[Any], Any],
+                 endpoints: Callable[[], Endpoints]) -> None:
+        self._state = state
+        self._is_leader = is_leader
+        self._live = live
+        self._propose = propose
+        self._endpoints = endpoints
+        #: Per datastream (name, created version): source partitions and when they were asked.
+        self._partitions: dict[tuple[str, int], tuple[int, float]] = {}
+        self._readers: dict[tuple[str, int], SourceReader] = {}
+        self._loop: asyncio.Task[None] | None = None
+        self.proposals = 0
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop().create_task(self._run(), name="datastreams")
+
+    async def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+        await self._close_readers(set(self._readers))
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            if not self._is_leader():
+                await self._close_readers(set(self._readers))
+                continue
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("datastream coordinator tick failed")
+
+    async def tick(self) -> None:
+        datastreams = list(self._state().datastreams.values())
+        keys = {(d.name, d.created_version) for d in datastreams}
+        await self._close_readers(set(self._readers) - keys)
+        inputs = []
+        for ds in datastreams:
+            count = await self._source_partitions(ds)
+            inputs.append(PlanInput(ds.name, count, ds.config.max_tasks, ds.tasks))
+        planned = plan(inputs, self._live())
+        for ds, wanted in zip(datastreams, inputs, strict=True):
+            tasks = planned[ds.name]
+            if wanted.source_partitions == ds.source_partitions and not changed(ds.tasks, tasks):
+                continue
+            log.info("datastream %s: %d source partitions, tasks on brokers %s", ds.name,
+                     wanted.source_partitions, [t.broker for t in tasks])
+            self.proposals += 1
+            try:
+                await self._propose(AssignTasks(ds.name, ds.generation, ds.created_version,
+                                                wanted.source_partitions, tasks))
+            except JetstreamError as exc:  # stale or unavailable: plan again next tick
+                log.info("datastream %s: assignment not committed: %s", ds.name, exc)
+
+    async def _source_partitions(self, ds: DatastreamState) -> int:
+        key = (ds.name, ds.created_version)
+        known = self._partitions.get(key)
+        now = time.monotonic()
+        if known is not None and now - known[1] < PARTITIONS_REFRESH_S:
+            return known[0]
+        count = known[0] if known is not None else ds.source_partitions
+        try:
+            reader = self._readers.get(key)
+            if reader is None:
+                reader = self._readers[key] = await asyncio.wait_for(
+                    registry.source(ds.config.source.type).open(
+                        ds.config.source.settings, self._endpoints(),
+                        f"datastream-coordinator-{ds.name}"), ASK_TIMEOUT_S)
+            count = await asyncio.wait_for(reader.partitions(), ASK_TIMEOUT_S)
+        except (JetstreamError, OSError, TimeoutError) as exc:
+            log.warning("datastream %s: source partitions unknown (%s); keeping %d", ds.name,
+                        exc, count)
+            await self._close_readers({key})
+        self._partitions[key] = (count, now)
+        return count
+
+    async def _close_readers(self, keys: set[tuple[str, int]]) -> None:
+        for key in keys:
+            reader = self._readers.pop(key, None)
+            self._partitions.pop(key, None)
+            if reader is not None:
+                with contextlib.suppress(Exception):
+                    await reader.close()

@@ -1,0 +1,301 @@
+"""Datastreams on real brokers: management through the client, HTTP and the CLI with their
+stable error codes, and a mirror from one single-broker cluster to another (each with its
+own nats-server) that equals its source, with pause and resume of the whole datastream and
+of one partition, and checkpoints in the source's `__offsets`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+import jetstream
+from jetstream.client import Client, PublishMessage
+from jetstream.errors import (
+    DatastreamExists,
+    InvalidDatastreamConfig,
+    UnknownConnector,
+    UnknownDatastream,
+)
+from jetstream.natsd import NatsServer
+from jetstream.server.process import BrokerProcess
+from tests.integration.test_cli import json_of as cli_json
+from tests.integration.test_cluster import eventually as cluster_eventually
+
+T = TypeVar("T")
+DEADLINE_S = 60.0
+LEADER_HEADERS = {"Nats-Msg-Id", "Jetstream-Producer", "Jetstream-Registers"}
+
+
+def eventually(probe: Callable[[], Awaitable[T | None]], what: str,
+               deadline_s: float = DEADLINE_S) -> Awaitable[T]:
+    """The first non-None result of `probe` before the deadline (test_cluster's)."""
+    return cluster_eventually(probe, what, deadline_s)
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A second cluster: its own nats-server and broker."""
+    with NatsServer(tmp_path / "nats-b") as nats:
+        process = BrokerProcess(tmp_path / "broker-b", nats.url)
+        try:
+            yield process.start()
+        finally:
+            process.stop()
+
+
+def mirror_of(source: BrokerProcess, **options: Any) -> dict[str, Any]:
+    return {"name": "orders-dr",
+            "source": {"type": "jetstream", "settings": {"brokers": source.address,
+                                                         "stream": "orders"}},
+            "destination": {"type": "jetstream", "settings": {"stream": "orders"}}, **options}
+
+
+async def test_management_and_errors(broker: BrokerProcess, js: Client) -> None:
+    definition = mirror_of(broker)
+    described = await js.create_datastream(definition["name"], definition["source"],
+                                           definition["destination"], max_tasks=2)
+    assert described["created"] and described["max_tasks"] == 2
+    again = await js.create_datastream(definition["name"], definition["source"],
+                                       definition["destination"], max_tasks=2)
+    assert not again["created"]
+    with pytest.raises(DatastreamExists):
+        await js.create_datastream(definition["name"], definition["source"],
+                                   definition["destination"], max_tasks=3)
+    with pytest.raises(UnknownConnector) as unknown:
+        await js.create_datastream("x", {"type": "kafka"}, definition["destination"])
+    assert unknown.value.code == "UNKNOWN_CONNECTOR"
+    with pytest.raises(InvalidDatastreamConfig) as bad:
+        await js.create_datastream("x", {"type": "jetstream", "settings": {"stream": "a",
+                                                                           "colour": "red"}},
+                                   definition["destination"])
+    assert bad.value.fields["field"] == "source.settings.colour"
+    with pytest.raises(UnknownDatastream):
+        await js.describe_datastream("nope")
+    assert [d["name"] for d in await js.list_datastreams()] == ["orders-dr"]
+    paused = await js.pause_datastream("orders-dr", [0, 3])
+    assert paused["paused_partitions"] == [0, 3]
+
+    async with httpx.AsyncClient(base_url=broker.http_url) as http:
+        answer = await http.get("/datastreams/orders-dr")
+        assert answer.status_code == 200 and answer.json()["paused_partitions"] == [0, 3]
+        answer = await http.post("/datastreams/orders-dr/resume", params={"partitions": "0"})
+        assert answer.json()["paused_partitions"] == [3]
+        answer = await http.post("/datastreams/orders-dr/pause")
+        assert answer.json()["status"] == "paused"
+        answer = await http.get("/datastreams/nope")
+        assert answer.status_code == 404
+        assert answer.json()["error"]["code"] == "UNKNOWN_DATASTREAM"
+        answer = await http.post("/datastreams", json={**definition, "name": "y",
+                                                        "max_tasks": 0})
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == "INVALID_DATASTREAM_CONFIG"
+        answer = await http.post("/datastreams", json={**definition, "name": "z"})
+        assert answer.status_code == 201
+        assert (await http.delete("/datastreams/z")).status_code == 204
+        health = (await http.get("/health")).json()
+        assert health["datastreams"]["connectors"] == {
+            "sources": ["jetstream", "nats_jetstream"], "destinations": ["jetstream", "parquet"]}
+
+    listed = await asyncio.to_thread(cli_json, broker.address, "datastreams", "list")
+    assert [d["name"] for d in listed["datastreams"]] == ["orders-dr"]
+    resumed = await asyncio.to_thread(cli_json, broker.address, "datastreams", "resume",
+                                      "orders-dr")
+    assert resumed["status"] != "paused"
+    created = await asyncio.to_thread(
+        cli_json, broker.address, "datastreams", "create", "cli-made", "--source",
+        "stream=orders", "--source", f"brokers={broker.address}", "--destination",
+        "stream=copy", "--max-tasks", "4")
+    assert created["created"] and created["max_tasks"] == 4
+    await asyncio.to_thread(cli_json, broker.address, "datastreams", "delete", "cli-made")
+    await js.delete_datastream("orders-dr")
+    assert await js.list_datastreams() == []
+
+
+async def read_all(js: Client, stream: str, partition: int, count: int
+                    ) -> list[jetstream.client.Message]:
+    out: list[jetstream.client.Message] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while len(out) < count:
+        assert time.monotonic() < deadline, f"{stream}/{partition}: {len(out)} of {count}"
+        result = await js.fetch(stream, partition, len(out), max_wait_ms=500)
+        out.extend(result.messages)
+    return out
+
+
+def user_headers(headers: Any) -> dict[str, bytes]:
+    return {k: v for k, v in headers.items() if k not in LEADER_HEADERS
+            and not k.startswith("Jetstream-Source")}
+
+
+async def assert_mirrored(source: Client, destination: Client, counts: list[int]) -> None:
+    for partition, count in enumerate(counts):
+        original = await read_all(source, "orders", partition, count)
+        copied = await read_all(destination, "orders", partition, count)
+        more = await destination.fetch("orders", partition, count, max_wait_ms=200)
+        assert more.messages == [], "duplicates in the destination"
+        assert [(m.key, m.value, user_headers(m.headers)) for m in copied] == \
+            [(m.key, m.value, user_headers(m.headers)) for m in original]
+        assert [int(m.headers["Jetstream-Source-Offset"]) for m in copied] == \
+            [m.offset for m in original]
+        assert {m.headers["Jetstream-Source"] for m in copied} <= {f"orders/{partition}".encode()}
+
+
+async def publish(js: Client, first: int, count: int, partitions: int = 2) -> None:
+    await js.publish_batch([PublishMessage(
+        "orders", b"value %d" % i, key=b"k%d" % (i % 7), headers={"n": str(i).encode()},
+        partition=i % partitions) for i in range(first, first + count)])
+
+
+async def test_mirror_pause_resume(broker: BrokerProcess, remote: BrokerProcess) -> None:
+    async with jetstream.connect(broker.address) as source, \
+            jetstream.connect(remote.address) as destination:
+        await source.create_stream("orders", "orders", partitions=2)
+        await destination.create_stream("orders", "orders", partitions=2)
+        await publish(source, 0, 200)
+        definition = mirror_of(broker, max_tasks=2, batch_records_max=50)
+        await destination.create_datastream(definition["name"], definition["source"],
+                                            definition["destination"], max_tasks=2,
+                                            batch_records_max=50)
+        await assert_mirrored(source, destination, [100, 100])
+
+        async def caught_up() -> dict[str, Any] | None:
+            found = await destination.datastream_diagnostics("orders-dr")
+            progress = [p for t in found["tasks"] for p in t["partitions_progress"]]
+            return found if len(progress) == 2 and found["lag_records"] == 0 and all(
+                p["source_position"] == 100 for p in progress) else None
+
+        diagnostics = await eventually(caught_up, "diagnostics at the source's end")
+        assert {t["status"] for t in diagnostics["tasks"]} == {"running"}
+        assert [p["lag_ms"] for t in diagnostics["tasks"] for p in t["partitions_progress"]] \
+            == [0, 0]  # caught up
+        assert await source.fetch_offset("__datastream_orders-dr", "orders", 0) == 100
+
+        # Pause one partition: the other goes on.
+        await destination.pause_datastream("orders-dr", [1])
+
+        async def paused_reported() -> bool | None:
+            found = await destination.datastream_diagnostics("orders-dr")
+            return True if any(p["paused"] for t in found["tasks"]
+                               for p in t["partitions_progress"]) else None
+
+        await eventually(paused_reported, "partition 1 paused")
+        await publish(source, 200, 100)
+        await read_all(destination, "orders", 0, 150)
+        await asyncio.sleep(1.0)  # give a wrongly running partition 1 the time to show
+        assert (await destination.fetch("orders", 1, 100, max_wait_ms=0)).messages == []
+        await destination.resume_datastream("orders-dr", [1])
+        await assert_mirrored(source, destination, [150, 150])
+
+        # Pause the whole datastream, publish, nothing moves; resume, all of it arrives.
+        await destination.pause_datastream("orders-dr")
+
+        async def all_paused() -> bool | None:
+            found = await destination.datastream_diagnostics("orders-dr")
+            return True if found["tasks"] and all(t["status"] == "paused"
+                                                  for t in found["tasks"]) else None
+
+        await eventually(all_paused, "every task paused")
+        await publish(source, 300, 100)
+        await asyncio.sleep(1.0)
+        for partition in (0, 1):
+            assert (await destination.fetch("orders", partition, 150,
+                                            max_wait_ms=0)).messages == []
+        await destination.resume_datastream("orders-dr")
+        await assert_mirrored(source, destination, [200, 200])
+        async with httpx.AsyncClient(base_url=remote.http_url) as http:
+            metrics = (await http.get("/metrics")).text
+            assert 'jetstream_datastream_records_out_total{datastream="orders-dr"} 400' in metrics
+            diag = (await http.get("/diagnostics/datastreams/orders-dr")).json()
+            assert diag["lag_records"] == 0 or diag["tasks"]
+            health = (await http.get("/health")).json()
+            assert len(health["datastreams"]["tasks"]) == 2
+
+
+async def test_parquet_sink_equals_the_stream_across_a_crash(tmp_path: Path,
+                                                              broker: BrokerProcess) -> None:
+    import pyarrow.parquet as pq
+
+    from jetstream.datastreams.parquet_sink import read_manifest
+
+    out = tmp_path / "lake"
+    async with jetstream.connect(broker.address) as js:
+        await js.create_stream("orders", "orders", partitions=2)
+        await publish(js, 0, 300)
+        await js.create_datastream(
+            "orders-lake", {"type": "jetstream", "settings": {"stream": "orders"}},
+            {"type": "parquet", "settings": {"path": str(out), "file_rows_max": 40,
+                                             "roll_ms": 300}}, max_tasks=2,
+            batch_records_max=25)
+
+        async def filed(count: int) -> bool | None:
+            ends = [read_manifest(out, p) for p in (0, 1)]
+            return True if all(e and e[-1]["end_offset"] == count for e in ends) else None
+
+        await eventually(lambda: filed(150), "150 rows per partition in complete files")
+    broker.restart(sig=9)  # SIGKILL
+    async with jetstream.connect(broker.address) as js:
+        await publish(js, 300, 100)
+        await eventually(lambda: filed(200), "200 rows per partition after the restart")
+        table = pq.read_table(str(out))
+        rows = sorted(table.to_pylist(), key=lambda r: (r["partition"], r["offset"]))
+        assert [(r["partition"], r["offset"]) for r in rows] == \
+            [(p, o) for p in (0, 1) for o in range(200)]  # none lost, none twice
+        for p in (0, 1):
+            original = await read_all(js, "orders", p, 200)
+            assert [(r["key"], r["value"], dict(r["headers"])["n"]) for r in rows
+                    if r["partition"] == p] == [(m.key, m.value, m.headers["n"])
+                                                for m in original]
+            files = read_manifest(out, p)
+            assert all(f["rows"] <= 40 for f in files)
+            assert sum(f["rows"] for f in files) == 200
+
+
+async def test_nats_jetstream_migration_equals_the_source(tmp_path: Path,
+                                                          broker: BrokerProcess) -> None:
+    import nats
+
+    with NatsServer(tmp_path / "nats-js", jetstream=True) as source_server:
+        nc = await nats.connect(source_server.url)
+        try:
+            njs = nc.jetstream()
+            await njs.add_stream(name="LEGACY", subjects=["legacy.>"])
+
+            async def publish_legacy(first: int, count: int) -> None:
+                for i in range(first, first + count):
+                    await njs.publish(f"legacy.{i % 3}", b"old %d" % i,
+                                      headers={"n": str(i)})
+
+            await publish_legacy(0, 100)
+            async with jetstream.connect(broker.address) as js:
+                await js.create_stream("migrated", "migrated")
+                await js.create_datastream(
+                    "legacy-in", {"type": "nats_jetstream", "settings": {
+                        "url": source_server.url, "stream": "LEGACY"}},
+                    {"type": "jetstream", "settings": {"stream": "migrated"}},
+                    batch_records_max=30)
+                copied = await read_all(js, "migrated", 0, 100)
+            broker.restart(sig=9)
+            await publish_legacy(100, 50)
+            async with jetstream.connect(broker.address) as js:
+                copied = await read_all(js, "migrated", 0, 150)
+                assert (await js.fetch("migrated", 0, 150, max_wait_ms=300)).messages == []
+            assert [(m.value, m.headers["n"], m.headers["Nats-Subject"]) for m in copied] == \
+                [(b"old %d" % i, str(i).encode(), f"legacy.{i % 3}".encode())
+                 for i in range(150)]
+            assert [int(m.headers["Jetstream-Source-Offset"]) for m in copied] == \
+                list(range(1, 151))  # NATS JetStream sequences start at 1
+            kv = await njs.key_value("jetstream_datastreams")
+
+            async def checkpointed() -> bool | None:
+                entry = await kv.get("__datastream_legacy-in.0")
+                return True if entry.value == b"151" else None
+
+            await eventually(checkpointed, "the checkpoint in the source's key-value bucket")
+        finally:
+            await nc.close()
