@@ -364,6 +364,10 @@ class PartitionLeader:
     def _on_append(self) -> None:
         self._housekeeping.appended()
         if self.isr is not None:
+            # Followers of a partition idle until now spoke of it only through their
+            # sessions: hear where they stand before the log end moves past it, or the first
+            # append after a long quiet would find them lagging since the quiet began.
+            leader_isr.refresh_standing(self.isr, self._sessions, self._key)
             self.isr.on_leader_append(self.log.log_end_offset)
             self._wake_readers()  # followers long-poll on the LEO
 

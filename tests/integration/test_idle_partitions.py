@@ -16,7 +16,7 @@ from jetstream.isr.leader import ProposeIsr
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server.config import BrokerConfig
-from jetstream.server.leader_isr import Replication
+from jetstream.server.leader_isr import Replication, SessionWatch, now_ms
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort, connect_nats
 from jetstream.server.partition import PartitionLeader
@@ -41,7 +41,8 @@ class Broker:
         self.leaders: list[PartitionLeader] = []
         self.proposals: list[ProposeIsr] = []
 
-    async def lead(self, partitions: int, *, replicas: tuple[int, ...] = (0,)) -> None:
+    async def lead(self, partitions: int, *, replicas: tuple[int, ...] = (0,),
+                   sessions: SessionWatch | None = None) -> None:
         config = BrokerConfig(replica_lag_ms_max=LAG_MS)
         stream = StreamConfig(name="idle", subject="idle", partitions=partitions,
                               replication_factor=len(replicas), retention_ms=MINUTE_MS,
@@ -56,7 +57,8 @@ class Broker:
             state = PartitionState("idle", p, replicas, 0, replicas, 0)
             log = Log(self.root / f"idle-{p}", stream.log_config())
             leader = PartitionLeader(stream, state, log, self.nats, config, self.executor,
-                                     PartitionMetrics(), self.scheduler, replication)
+                                     PartitionMetrics(), self.scheduler, replication,
+                                     sessions=sessions)
             await leader.start()
             self.leaders.append(leader)
 
@@ -141,3 +143,36 @@ async def test_only_the_partition_that_changed_does_work(broker: Broker) -> None
     assert broker.runs() == {**dict.fromkeys(Work, 0), Work.CHECKPOINT: 1}
     assert broker.scheduler.metrics.executor_calls == 1
     assert busy.log.read_high_watermark() == 2
+
+
+class ParkedFollowers:
+    """Fetch sessions whose followers (1 and 2) stand at offset 0 of each partition, parked in
+    their long poll now (what idle followers' sessions say of an empty, idle partition)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def changed(self, key: tuple[str, int]) -> None:
+        pass
+
+    def standing(self, key: tuple[str, int]) -> list[tuple[int, int, int]]:
+        return [(1, 0, self.broker.now), (2, 0, self.broker.now)]
+
+
+async def test_the_first_publish_after_a_long_idle_keeps_the_isr(broker: Broker) -> None:
+    """Followers of an idle partition say nothing of it in their sessions: the leader hears
+    where they stand before its log end moves, so a publish after longer than
+    replica_lag_ms_max of quiet does not find them lagging."""
+    broker.now = now_ms()  # the clock a follower's fetch is timed with
+    await broker.lead(3, replicas=(0, 1, 2), sessions=ParkedFollowers(broker))
+    for leader in broker.leaders:  # each follower's first fetch, then only its session
+        for replica in (1, 2):
+            await leader.follower_fetched(replica, 0, 0)
+    await broker.run_for(3 * LAG_MS)
+    assert broker.proposals == []
+    # Not awaited: an `all` publish waits for followers that do not fetch in this test.
+    publish = asyncio.create_task(broker.leaders[1].append_direct([Record(b"a")],
+                                                                  AckPolicy.ALL))
+    await broker.run_for(LAG_MS // 2)
+    assert broker.proposals == []
+    publish.cancel()
