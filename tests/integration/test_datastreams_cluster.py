@@ -182,15 +182,18 @@ async def test_definitions_and_checkpoints_survive_a_whole_cluster_restart(
         await publish(source, 200, 100)
         await assert_mirrored(source, destination, [150, 150])
 
-        async def resumed_from_checkpoints() -> int | None:
+        async def resumed_from_checkpoints() -> list[int] | None:
             found = await destination.datastream_diagnostics("orders-dr")
             progress = [p for t in found["tasks"] for p in t["partitions_progress"]]
-            read = sum(p["records_in"] for p in progress)
-            return read if len(progress) == 2 and read == 100 and all(
+            return [p["records_in"] for p in progress] if len(progress) == 2 and all(
                 p["source_position"] == 150 for p in progress) else None
 
-        # Read again only what came after the checkpoints: 50 per partition, not 150.
-        assert await eventually(resumed_from_checkpoints, "tasks resumed") == 100
+        # Each task read from its checkpoint (100) on: 50 records, not all 150 from 0. (A
+        # write that failed while the cluster came back is read again from the checkpoint,
+        # and a task that moved counts only since it moved, so a loaded restart may count
+        # some more or fewer; a read from 0 counts at least 150.)
+        read = await eventually(resumed_from_checkpoints, "tasks resumed")
+        assert read is not None and all(n < 150 for n in read), read
 
 
 @pytest.mark.timeout(300)
