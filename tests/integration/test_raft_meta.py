@@ -286,14 +286,17 @@ async def test_a_node_behind_the_leaders_journal_gets_its_snapshot(cluster: Clus
     await cluster.stop(behind)
     await leader.propose(CreateStream(StreamConfig("missed", "missed")))
     await leader.propose(DeleteStream("missed"))
-    # The dump cuts the leader's journal to the last two entries it applied: past what
-    # `behind` holds, so the leader can only send it the dump.
-    before = leader.status()["log_length"]
-    leader.request_snapshot()
-    # The dump file appears before the journal is cut (at a later tick): until the cut, the
-    # leader could still send `behind` the entries instead of the dump.
-    await wait_for(lambda: (leader.directory / DUMP_FILE).exists()
-                   and leader.status()["log_length"] < before, 5, "the leader's dump and cut")
+    # A dump cuts a node's journal to the last two entries it applied: past what `behind`
+    # holds, so a leader can only send it the dump. Both live nodes cut theirs: under load
+    # the other one may take the leadership before `behind` is back.
+    for node in cluster.live:
+        await wait_for(lambda node=node: node.state.version == 5, 5, "both applied it all")
+        before = node.status()["log_length"]
+        node.request_snapshot()
+        # The dump file appears before the journal is cut (at a later tick): until the cut,
+        # the node could still send `behind` the entries instead of the dump.
+        await wait_for(lambda node=node, before=before: (node.directory / DUMP_FILE).exists()
+                       and node.status()["log_length"] < before, 5, "the dump and the cut")
     await leader.propose(CreateStream(StreamConfig("later", "later")))
 
     back = cluster.start(behind)
