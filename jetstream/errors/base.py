@@ -1,0 +1,29 @@
+"""The root of the error tree, and the root of configuration errors."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class JetstreamError(Exception):
+    """Base of every error Jetstream raises on purpose."""
+
+    code: ClassVar[str] = "INTERNAL"
+    #: True when the same request may succeed if simply retried later.
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", **fields: Any) -> None:
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+        super().__init__(message or self.__class__.__doc__ or self.code)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: code, message and the data fields."""
+        return {"code": self.code, "message": str(self), **self.fields}
+
+
+class InvalidConfig(JetstreamError):
+    """A configuration value is missing, of the wrong type or out of its range."""
+
+    code = "INVALID_CONFIG"
