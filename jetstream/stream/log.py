@@ -13,7 +13,7 @@ Theory of operation
   (jetstream.stream.recovery).
 - Reads never pass an upper bound given by the caller (the high watermark) and return whole
   batches, as byte ranges of a segment file for `os.sendfile` (jetstream.stream.file_slice)
-  or as decoded records.
+  or as decoded records (jetstream.stream.log_reads).
 - Retention (jetstream.stream.retention decides) deletes whole sealed segments, oldest first;
   the log start offset moves forward and reads below it get `OffsetOutOfRange`.
 - A leader epoch cache (jetstream.stream.epoch) and a high watermark checkpoint live beside
@@ -36,7 +36,6 @@ from pathlib import Path
 
 from jetstream.errors import (
     BatchTooLarge,
-    CorruptRecord,
     InvalidBatch,
     LogClosed,
     OffsetOutOfRange,
@@ -49,9 +48,8 @@ from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy, LogConfig
 from jetstream.stream.dir_lock import DirLock, lock_log
 from jetstream.stream.epoch import EpochEndOffset, LeaderEpochCache
-from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.handles import DEFAULT_POOL, HandlePool
-from jetstream.stream.log_integrity import LogIntegrity
+from jetstream.stream.log_reads import LogReads
 from jetstream.stream.recovery import (
     Recovery,
     RecoveryReport,
@@ -103,7 +101,7 @@ class SegmentSnapshot:
     segments: tuple[tuple[int, int], ...]
 
 
-class Log(LogIntegrity):
+class Log(LogReads):
     def __init__(
         self,
         directory: Path | str,
@@ -368,88 +366,6 @@ class Log(LogIntegrity):
                     self._durable_offset = max(self._durable_offset, target)
                 self._sync_running = False
                 self._sync_cond.notify_all()
-
-    # -- reading ------------------------------------------------------------------------------
-
-    def _check_range(self, offset: int, upper_bound: int | None) -> int:
-        bound = self.log_end_offset if upper_bound is None else min(upper_bound,
-                                                                    self.log_end_offset)
-        if offset < self.log_start_offset or offset > bound:
-            raise OffsetOutOfRange(offset, self.log_start_offset, bound)
-        return bound
-
-    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None, *,
-             skip_empty: bool = False, verify: bool = False) -> FileSlice:
-        """Whole batches from the one holding `offset`, none reaching `upper_bound` (default:
-        the LEO), about `max_bytes` in all but at least one batch. The first batch may start
-        before `offset`: readers skip records below it. An empty slice means: nothing yet.
-        `skip_empty` (consumers; never a replica, which must copy every batch to stay
-        contiguous) passes over batches compaction emptied to the next records.
-
-        Bytes not checked since they were written or opened (or every byte, with `verify`)
-        are checked first (jetstream.stream.verified); damage raises CorruptRecord with the
-        damaged offsets and is recorded (`damage`)."""
-        with self._lock:
-            self._check_open()
-            bound = self._check_range(offset, upper_bound)
-            if offset == bound:
-                return FileSlice(-1, 0, 0, offset, offset)
-            segment = self._segments.segment_for(offset)
-            span = segment.span(offset, max(1, max_bytes), bound)
-            while skip_empty and span.length and not span.records and span.next_offset < bound:
-                # Batches compaction emptied: go on to the next records rather than cost the
-                # reader one round trip per emptied segment.
-                after = self._segments.segment_for(span.next_offset)
-                following = after.span(span.next_offset, max(1, max_bytes), bound)
-                if not following.length:
-                    break
-                segment, span = after, following
-            if span.length == 0:
-                return FileSlice(-1, 0, 0, offset, offset)
-            fd = self._pool.dup(segment.log_path)
-            checked = not verify and segment.verified.covers(span.position,
-                                                             span.position + span.length)
-        piece = FileSlice(fd, span.position, span.length, span.first_offset, span.next_offset)
-        if not checked:
-            self._check_piece(segment, piece)
-        return piece
-
-    def read_bytes(self, offset: int, max_bytes: int, upper_bound: int | None = None, *,
-                   skip_empty: bool = False) -> tuple[bytes, int]:
-        """Like `read`, as (bytes, next offset)."""
-        with self.read(offset, max_bytes, upper_bound, skip_empty=skip_empty) as piece:
-            data = piece.read()
-            if len(data) != piece.length:
-                raise CorruptRecord("segment shrank while being read")
-            return data, piece.next_offset
-
-    def read_records(self, offset: int, max_bytes: int = 1 << 20,
-                     upper_bound: int | None = None) -> list[fmt.StoredRecord]:
-        """Decoded records from `offset` (CRC-checked), none at or past `upper_bound`; empty
-        only when no record is left below the bound. A batch whose kept records all lie
-        below `offset` (compaction removed the rest) is passed over, not returned empty."""
-        at = offset
-        while True:
-            data, next_offset = self.read_bytes(at, max_bytes, upper_bound, skip_empty=True)
-            try:
-                records = fmt.decode_batches(data, min_offset=offset, verify=True)
-            except (fmt.BatchFormatError, UnicodeDecodeError) as exc:
-                raise CorruptRecord(f"cannot decode records at offset {at} in "
-                                    f"{self.directory}: {exc}") from exc
-            if records or not data or next_offset <= at:
-                return records
-            at = next_offset
-
-    def offset_for_timestamp(self, timestamp_ms: int) -> int:
-        """The first offset whose timestamp is >= `timestamp_ms`, or the LEO if none is."""
-        with self._lock:
-            self._check_open()
-            for segment in self._segments:
-                if segment.max_timestamp >= timestamp_ms:
-                    found = segment.offset_for_timestamp(timestamp_ms)
-                    if found is not None:
-                        return found
-            return self.log_end_offset
 
     def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
         with self._lock:
