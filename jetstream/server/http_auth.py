@@ -140,7 +140,8 @@ class PeerPrincipalProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     """uvicorn's HTTP protocol, which adds the principal of a verified client certificate
     (its CN) to the scope of every request of the connection, and closes a connection whose
     next request's headers are not all in within `headers_timeout_s` of the connection, or
-    of that request's first byte (a slowloris client; uvicorn only times out idle
+    of that request's first byte, or whose request body is not all in within
+    `headers_timeout_s` of its headers (slowloris clients; uvicorn only times out idle
     keep-alive connections). `on_stalled` counts each one closed."""
 
     headers_timeout_s: ClassVar[float] = 30.0
@@ -159,6 +160,7 @@ class PeerPrincipalProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         super().connection_made(transport)
         self._headers_timer: asyncio.TimerHandle | None = None
         self._awaited: Any = None
+        self._body_timer: asyncio.TimerHandle | None = None
         self._await_headers(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -166,14 +168,22 @@ class PeerPrincipalProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         if self._headers_timer is None and (cycle is None or cycle.response_complete):
             self._await_headers(self.transport)  # the first byte of the next request
         super().data_received(data)
-        if self._headers_timer is not None and getattr(self, "cycle", None) is not self._awaited:
+        cycle = getattr(self, "cycle", None)
+        if self._headers_timer is not None and cycle is not self._awaited:
             self._headers_timer.cancel()  # its headers are all in: a new cycle began
             self._headers_timer = None
+            if cycle is not None and cycle.more_body:  # and its body is still to come
+                self._body_timer = asyncio.get_running_loop().call_later(
+                    self.headers_timeout_s, self._body_stalled, cycle)
+        if self._body_timer is not None and (cycle is None or not cycle.more_body):
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._headers_timer is not None:
-            self._headers_timer.cancel()
-            self._headers_timer = None
+        for timer in (self._headers_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._headers_timer = self._body_timer = None
         super().connection_lost(exc)
 
     def _await_headers(self, transport: asyncio.Transport) -> None:
@@ -183,7 +193,16 @@ class PeerPrincipalProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
     def _stalled(self, transport: asyncio.Transport) -> None:
         self._headers_timer = None
-        if getattr(self, "cycle", None) is self._awaited and not transport.is_closing():
+        if getattr(self, "cycle", None) is self._awaited:
+            self._close_stalled(transport)
+
+    def _body_stalled(self, cycle: Any) -> None:
+        self._body_timer = None
+        if getattr(self, "cycle", None) is cycle and cycle is not None and cycle.more_body:
+            self._close_stalled(self.transport)
+
+    def _close_stalled(self, transport: asyncio.Transport) -> None:
+        if not transport.is_closing():
             count = type(self).on_stalled
             if count is not None:
                 count()

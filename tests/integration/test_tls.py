@@ -187,9 +187,9 @@ async def test_stalled_frames_and_handshakes_are_closed(tmp_path: Path, nats_url
 async def test_http_requests_whose_headers_stall_are_closed(tmp_path: Path,
                                                             nats_url: str) -> None:
     """The HTTP API closes a connection whose request headers are not all in within
-    `request_timeout_ms` (a slowloris client), and one that sends nothing at all; a client
-    that sends its headers in pieces inside the time, or keeps its connection for a second
-    request, is served."""
+    `request_timeout_ms` (a slowloris client), one that sends nothing at all, and one whose
+    request body stops short; a client that sends its headers or its body in pieces inside
+    the time, or keeps its connection for a second request, is served."""
     process = BrokerProcess(tmp_path / "broker", nats_url,
                             extra_args=("--request-timeout-ms", "500"))
     try:
@@ -201,11 +201,18 @@ async def test_http_requests_whose_headers_stall_are_closed(tmp_path: Path,
         assert 0.4 < closed < 5.0, closed
         closed = await loop.run_in_executor(None, _held_open_s, http, b"")
         assert 0.4 < closed < 5.0, closed
+        body = b'{"name": "pieces", "subject": "pieces"}'
+        short = (b"POST /streams HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body)) + body[:10]
+        closed = await loop.run_in_executor(None, _held_open_s, http, short)
+        assert 0.4 < closed < 5.0, closed
         served = await loop.run_in_executor(None, _two_requests_in_pieces, http)
         assert served == [200, 200]
+        status = await loop.run_in_executor(None, _post_in_pieces, http, "/streams", body)
+        assert status == 201, status
         async with httpx.AsyncClient() as client:
             metrics = (await client.get(f"http://{http}/metrics")).text
-        assert "jetstream_broker_stalled_requests_total 2" in metrics
+        assert "jetstream_broker_stalled_requests_total 3" in metrics
     finally:
         process.stop()
 
@@ -232,6 +239,17 @@ def _two_requests_in_pieces(address: str) -> list[int]:
                     length = int(value)
             reader.read(length)
     return statuses
+
+
+def _post_in_pieces(address: str, path: str, body: bytes) -> int:
+    """A POST whose body comes in two writes 0.3 s apart (inside the 0.5 s): its status."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body[:10])
+        time.sleep(0.3)
+        sock.sendall(body[10:])
+        return int(sock.makefile("rb").readline().split()[1])
 
 
 def _held_open_s(address: str, send: bytes) -> float:
