@@ -10,7 +10,9 @@ start sending at one CLOCK_MONOTONIC instant, and merges what they print: counts
 their latency histograms (bench/loadgen/histogram.py), into one `LoadResult`. `responder`
 runs the same program as the no-op peer: it answers every request with "+OK" and stores
 nothing, so a request run against it through core NATS is the generator's own ceiling,
-which a bench compares with the rates it reports for the systems it measures.
+which a bench compares with the rates it reports for the systems it measures. A load may
+name a file of messages (`write_messages`) instead of one subject and payload: each process
+sends its share of the list in turn, so a counted run sends each listed message once.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import contextlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +73,9 @@ def ensure_built() -> Path:
 @dataclass(frozen=True, slots=True)
 class Load:
     """One run of requests: `count` in all or for `duration_s` after `warmup_s`; `rate`
-    (messages a second in all) paces them; `stamp` puts the send time in each payload."""
+    (messages a second in all) paces them; `stamp` puts the send time in each payload.
+    `messages` (a file of `write_messages`) replaces `subject` and `size`: the requests are
+    its messages in turn (`size` then only counts MB/s)."""
 
     subject: str
     size: int = 128
@@ -83,6 +88,7 @@ class Load:
     rate: float | None = None
     stamp: bool = False
     timeout_s: float = 60.0
+    messages: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.count is None) == (self.duration_s is None):
@@ -91,6 +97,8 @@ class Load:
             raise ValueError("a counted load sends at least one request per connection")
         if min(self.inflight, self.conns, self.processes) < 1:
             raise ValueError("inflight, conns and processes are at least 1")
+        if self.messages is not None and self.stamp:
+            raise ValueError("listed messages carry no send time")
 
     @property
     def total_inflight(self) -> int:
@@ -108,11 +116,33 @@ def command(binary: Path, url: str, load: Load, process: int, start_at_ns: int) 
         args += ["--count", str(share)]
     else:
         args += ["--duration", str(load.duration_s), "--warmup", str(load.warmup_s)]
+    if load.messages is not None:
+        before = sum(load.count // load.processes + (p < load.count % load.processes)
+                     for p in range(process)) if load.count is not None else 0
+        args += ["--messages", str(load.messages), "--first-message", str(before)]
     if load.rate is not None:
         args += ["--rate", str(load.rate / load.processes)]
     if load.stamp:
         args.append("--stamp")
     return args
+
+
+def write_messages(path: Path,
+                   messages: Iterable[tuple[str, bytes, Mapping[str, str] | None]]) -> int:
+    """Write (subject, payload, headers) messages as the generator's `--messages` file:
+    per message a u16 subject length and the subject, a u32 length and the NATS header block
+    (empty without headers), a u32 length and the payload. Returns how many it wrote."""
+    count = 0
+    with path.open("wb") as out:
+        for subject, payload, headers in messages:
+            name = subject.encode()
+            block = (b"NATS/1.0\r\n" + b"".join(f"{k}: {v}\r\n".encode()
+                                                for k, v in headers.items()) + b"\r\n"
+                     if headers else b"")
+            out.write(struct.pack(">H", len(name)) + name + struct.pack(">I", len(block))
+                      + block + struct.pack(">I", len(payload)) + payload)
+            count += 1
+    return count
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,12 @@
  *   time (CLOCK_MONOTONIC ns, 20 decimal digits) at the start of each payload: the clock
  *   Python's time.monotonic_ns() reads, so another process can time delivery. --start-at
  *   (CLOCK_MONOTONIC ns) lets several processes start sending together.
+ * - --messages FILE replaces the fixed subject and payload with a list of messages, sent in
+ *   turn: request k of connection i of C is message (--first-message + i + k*C) modulo the
+ *   list's length, so a counted run over one process sends each message of the list once.
+ *   The file is a run of records: u16 subject length, subject, u32 header length, the NATS
+ *   header block (empty: a plain PUB, else HPUB), u32 payload length, payload (lengths
+ *   big-endian; bench/loadgen/__init__.py writes it).
  * - respond mode: --conns connections subscribe to --subject in queue group "loadgen" and
  *   answer every message that has a reply subject with "+OK", storing nothing: the no-op
  *   peer whose rate is the generator's own ceiling. It prints "ready" once subscribed and
@@ -67,7 +73,16 @@ typedef struct {
     int stamp;
     double timeout_s;
     long long start_at_ns;
+    const char *messages;
+    long long first_message;
 } options_t;
+
+typedef struct {
+    const char *subject;
+    const char *headers;
+    const char *payload;
+    uint32_t subject_len, header_len, payload_len;
+} message_t;
 
 typedef struct {
     int fd;
@@ -89,6 +104,8 @@ typedef struct {
 
 static options_t opt;
 static char payload_template[64];
+static message_t *messages;
+static long long message_count;
 static int64_t run_start_ns, measure_from_ns, deadline_ns;
 
 static int64_t now_ns(void) {
@@ -309,9 +326,32 @@ typedef struct {
     long long next_seq;  /* requests made */
 } requester_t;
 
+/* Request `seq` of this connection from the --messages list. */
+static void send_listed(requester_t *r, conn_t *c, long slot) {
+    long long index = (opt.first_message + r->w->index + r->next_seq * opt.conns)
+                      % message_count;
+    const message_t *m = &messages[index];
+    if (m->header_len)
+        out_printf(c, "HPUB %.*s %s.%ld %u %u\r\n", (int)m->subject_len, m->subject,
+                   r->inbox, slot, m->header_len, m->header_len + m->payload_len);
+    else
+        out_printf(c, "PUB %.*s %s.%ld %u\r\n", (int)m->subject_len, m->subject, r->inbox,
+                   slot, m->payload_len);
+    out_append(c, m->headers, m->header_len);
+    out_append(c, m->payload, m->payload_len);
+    out_append(c, "\r\n", 2);
+}
+
 static void send_request(requester_t *r, conn_t *c, long slot) {
     int64_t t = now_ns();
     r->sent_ns[slot] = t;
+    if (messages) {
+        send_listed(r, c, slot);
+        r->outstanding++;
+        r->next_seq++;
+        r->w->sent++;
+        return;
+    }
     out_printf(c, "PUB %s %s.%ld %ld\r\n", opt.subject, r->inbox, slot, opt.size);
     long left = opt.size;
     if (opt.stamp) {
@@ -547,10 +587,57 @@ static void run_responder(void) {
 
 /* -- the command line ------------------------------------------------------------------- */
 
+static uint32_t be_read(const unsigned char *at, int bytes) {
+    uint32_t v = 0;
+    for (int i = 0; i < bytes; i++) v = (v << 8) | at[i];
+    return v;
+}
+
+/* Reads the --messages file whole and indexes its records. */
+static void load_messages(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die("cannot open %s: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) die("cannot read %s", path);
+    long size = ftell(f);
+    if (size <= 0) die("%s holds no messages", path);
+    rewind(f);
+    unsigned char *data = malloc((size_t)size);
+    if (!data || fread(data, 1, (size_t)size, f) != (size_t)size) die("cannot read %s", path);
+    fclose(f);
+    long long cap = 1024;
+    messages = malloc((size_t)cap * sizeof(message_t));
+    if (!messages) die("out of memory");
+    long pos = 0;
+    while (pos < size) {
+        message_t m;
+        if (pos + 2 > size) die("%s: truncated record at byte %ld", path, pos);
+        m.subject_len = be_read(data + pos, 2);
+        m.subject = (const char *)data + pos + 2;
+        pos += 2 + (long)m.subject_len;
+        if (pos + 4 > size) die("%s: truncated record at byte %ld", path, pos);
+        m.header_len = be_read(data + pos, 4);
+        m.headers = (const char *)data + pos + 4;
+        pos += 4 + (long)m.header_len;
+        if (pos + 4 > size) die("%s: truncated record at byte %ld", path, pos);
+        m.payload_len = be_read(data + pos, 4);
+        m.payload = (const char *)data + pos + 4;
+        pos += 4 + (long)m.payload_len;
+        if (pos > size || m.subject_len == 0 || m.payload_len > PAYLOAD_MAX)
+            die("%s: bad record ending at byte %ld", path, pos);
+        if (message_count == cap) {
+            cap *= 2;
+            messages = realloc(messages, (size_t)cap * sizeof(message_t));
+            if (!messages) die("out of memory");
+        }
+        messages[message_count++] = m;
+    }
+}
+
 static void usage(void) {
     fputs("usage: loadgen --url HOST:PORT --subject S [--mode request|respond] [--size B]\n"
           "       [--inflight N] [--conns C] (--count N | --duration S [--warmup S])\n"
-          "       [--rate MSGS_PER_S] [--stamp] [--timeout S] [--start-at MONOTONIC_NS]\n",
+          "       [--rate MSGS_PER_S] [--stamp] [--timeout S] [--start-at MONOTONIC_NS]\n"
+          "       [--messages FILE [--first-message N]]\n",
           stderr);
     exit(2);
 }
@@ -588,6 +675,8 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--rate") == 0) opt.rate = strtod(v, NULL);
         else if (strcmp(a, "--timeout") == 0) opt.timeout_s = strtod(v, NULL);
         else if (strcmp(a, "--start-at") == 0) opt.start_at_ns = strtoll(v, NULL, 10);
+        else if (strcmp(a, "--messages") == 0) opt.messages = v;
+        else if (strcmp(a, "--first-message") == 0) opt.first_message = strtoll(v, NULL, 10);
         else usage();
     }
     if (!opt.host || !opt.subject) usage();
@@ -608,6 +697,11 @@ int main(int argc, char **argv) {
     if ((opt.count > 0) == (opt.duration_s > 0)) die("give --count or --duration");
     if (opt.count > 0 && opt.count < opt.conns) die("--count must be at least --conns");
     if (opt.rate < 0 || opt.warmup_s < 0) die("--rate and --warmup must not be negative");
+    if (opt.first_message < 0) die("--first-message must not be negative");
+    if (opt.messages) {
+        if (opt.stamp) die("--stamp and --messages do not go together");
+        load_messages(opt.messages);
+    }
     run_requests();
     return 0;
 }

@@ -1,6 +1,7 @@
 """The compiled load generator (bench/loadgen) against a real nats-server: requests answered
 by its no-op responder, by nobody, and by a real broker; paced requests whose payload carries
-their send time on the clock Python reads; and its histogram buckets against histogram.py's."""
+their send time on the clock Python reads; a list of messages, each sent once with its own
+subject, headers and payload; and its histogram buckets against histogram.py's."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import asyncio
 import itertools
 import subprocess
 import time
+from pathlib import Path
 
 import nats
 import pytest
 
-from bench.loadgen import Load, LoadgenFailed, ensure_built, responder, run_load
+from bench.loadgen import Load, LoadgenFailed, ensure_built, responder, run_load, write_messages
 from bench.loadgen.histogram import bucket_of
 from jetstream.client import Client
 from jetstream.server.process import BrokerProcess
@@ -70,6 +72,30 @@ async def test_paced_requests_carry_their_send_time(nats_url: str) -> None:
     assert sent_times == sorted(sent_times)
     gaps = [b - a for a, b in itertools.pairwise(sent_times)]
     assert sorted(gaps)[len(gaps) // 2] == pytest.approx(5_000_000, rel=0.2)  # 1/200 s
+
+
+async def test_listed_messages_are_each_sent_once_as_written(nats_url: str,
+                                                            tmp_path: Path) -> None:
+    listed = [(f"lg.list.{i % 3}", b"payload-%d" % i,
+               {"Kind": "odd", "N": str(i)} if i % 2 else None) for i in range(60)]
+    path = tmp_path / "messages"
+    assert write_messages(path, listed) == 60
+    nc = await nats.connect(nats_url)
+    seen: list[tuple[str, bytes, dict[str, str] | None]] = []
+
+    async def on_message(msg: nats.aio.msg.Msg) -> None:
+        seen.append((msg.subject, msg.data, msg.headers))
+        await msg.respond(b"+OK")
+
+    await nc.subscribe("lg.list.*", cb=on_message)
+    await nc.flush()
+    try:
+        result = await run_load(nats_url, Load("unused", inflight=4, conns=2, processes=2,
+                                               count=60, messages=path))
+    finally:
+        await nc.close()
+    assert result.acked == result.sent == 60 and result.errors == 0
+    assert sorted(seen, key=lambda m: m[1]) == sorted(listed, key=lambda m: m[1])
 
 
 def test_the_generator_buckets_values_as_histogram_py_does() -> None:

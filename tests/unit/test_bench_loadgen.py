@@ -81,6 +81,22 @@ def test_counts_and_rates_are_shared_out_over_processes() -> None:
     assert Load("s", inflight=16, conns=4, processes=2, count=8).total_inflight == 128
 
 
+def test_listed_messages_are_shared_out_over_processes(tmp_path: Path) -> None:
+    """Each process starts where the shares of those before it end; the file holds each
+    message's subject, header block and payload behind their lengths."""
+    path = tmp_path / "m"
+    assert loadgen.write_messages(path, [("a.b", b"xyz", None), ("c", b"", {"K": "v"})]) == 2
+    assert path.read_bytes() == (b"\0\x03a.b" + b"\0\0\0\0" + b"\0\0\0\x03xyz"
+                                 + b"\0\x01c" + b"\0\0\0\x12NATS/1.0\r\nK: v\r\n\r\n"
+                                 + b"\0\0\0\0")
+    load = Load("s", conns=2, processes=3, count=10, messages=path)
+    argvs = [command(Path("/bin/lg"), "u", load, i, 0) for i in range(3)]
+    assert [a[a.index("--first-message") + 1] for a in argvs] == ["0", "4", "7"]
+    assert all(a[a.index("--messages") + 1] == str(path) for a in argvs)
+    with pytest.raises(ValueError):
+        Load("s", count=1, stamp=True, size=64, messages=path)
+
+
 @pytest.mark.parametrize("bad", [
     {"count": None}, {"count": 10, "duration_s": 1.0}, {"count": 1, "conns": 2},
     {"inflight": 0}])
