@@ -3,18 +3,19 @@
 Theory of operation
 - Data: `records` puts over `keys` keys (128 B values), `tombstone_share` of them deletes
   (a tombstone: our null value; NATS KV's `KV-Operation: DEL`), the same sequence for both.
-- Puts, pipelined (at most `window` un-acked), with one raw nats-py publisher for both sides
-  (`nc.publish(subject, payload, reply=inbox.N)`, one `inbox.*` subscription; FIELD_NOTES:
-  the fastest nats-py path): ours is an envelope carrying the key to a compacted stream with
-  ack `leader` and fsync `interval`; NATS KV is a bucket (history 1, file storage, its
-  default fsync) written on `$KV.<bucket>.<key>`. Same durability: both ack once the leader
-  stored it, neither fsyncs per put.
+- Puts, pipelined (at most `window` un-acked on one connection, so in the data's order), by
+  the compiled load generator (bench/loadgen) sending the data as a list of messages: ours
+  is an envelope carrying the key to a compacted stream with ack `leader` and fsync
+  `interval`; NATS KV is a bucket (history 1, file storage, its default fsync) written on
+  `$KV.<bucket>.<key>`, a delete with the header `KV-Operation: DEL`. Same durability: both
+  ack once the leader stored it, neither fsyncs per put.
 - Gets: our client's `get` (socket API, key index) against nats-py `kv.get` (a request to
   the stream's direct-get or last-message API), one at a time (p50/p99) and from
   `concurrency` tasks at once (gets/s), on random keys.
-- The load generator: the same raw publisher against core NATS with a no-op responder, and
-  nats-py requests to that responder from `concurrency` tasks. Both must run at least twice
-  the rate of what they measure, or the figures measure the client.
+- The load generators: for puts, the same compiled generator sending our messages to its
+  no-op responder through core NATS; for gets, nats-py requests to a no-op responder from
+  `concurrency` tasks. Each must run at least twice the rate of what it measures, or the
+  figures measure the client.
 - The cleaner, in process on a log built from the same data (segments of 64 MiB): one pass,
   records/s and MB/s, bytes after/before. On the broker: time from the end of the puts to
   the first finished pass (segments of 4 MiB, `min_cleanable_dirty_ratio` 0.1).
@@ -49,8 +50,8 @@ from bench.common import (
     cpu_seconds,
     no_op_responder,
     percentile,
-    publish_pipelined,
 )
+from bench.loadgen import Load, responder, run_load, write_messages
 from jetstream.compaction.cleaner import clean
 from jetstream.compaction.planner import CleaningPlan, CompactionConfig
 from jetstream.natsd import NatsServer
@@ -119,6 +120,21 @@ def kv_messages(data: Sequence[tuple[bytes, bytes | None]]) -> list[Message]:
             for key, value in data]
 
 
+async def put_all(url: str, messages: Sequence[Message], window: int, work: Path
+                  ) -> JsonObject:
+    """`messages` in order through the compiled generator, `window` un-acked at most."""
+    path = work / "put-messages"
+    write_messages(path, messages)
+    size = sum(len(payload) for _, payload, _ in messages) // max(len(messages), 1)
+    result = await run_load(url, Load("unused", size=size, inflight=window,
+                                      count=len(messages), messages=path))
+    if result.timed_out or result.acked != len(messages):
+        raise RuntimeError(f"{result.acked} of {len(messages)} puts acknowledged")
+    return {"puts_per_s": result.msgs_per_s, "ack_p50_ms": result.histogram.value_at(50) / 1e6,
+            "ack_p99_ms": result.histogram.value_at(99) / 1e6, "errors": result.errors,
+            "generator_cpu_us_per_put": result.generator_cpu_s / len(messages) * 1e6}
+
+
 async def until_first_pass(broker: BrokerProcess, deadline_s: float = 300) -> float:
     """The monotonic time at which the broker shows its first finished pass."""
     started = time.monotonic()
@@ -155,7 +171,7 @@ async def ours(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | None]
                                        ack_policy="leader")
                 idle = await probe_latencies(js, plan.probe_publishes)
                 cpu0 = cpu_seconds(broker.pid)
-                puts = await publish_pipelined(server.url, our_messages(data), plan.window)
+                puts = await put_all(server.url, our_messages(data), plan.window, work)
                 puts["cpu_us_per_put"] = (cpu_seconds(broker.pid) - cpu0) / plan.records * 1e6
                 ended = time.monotonic()
                 cleaning = await probe_latencies(js, plan.probe_publishes)
@@ -183,7 +199,7 @@ async def nats_kv(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | No
             js = nc.jetstream()
             kv = await js.create_key_value(bucket=BUCKET, history=1)
             cpu0 = cpu_seconds(server.pid)
-            puts = await publish_pipelined(server.url, kv_messages(data), plan.window)
+            puts = await put_all(server.url, kv_messages(data), plan.window, work)
             puts["cpu_us_per_put"] = (cpu_seconds(server.pid) - cpu0) / plan.records * 1e6
 
             async def get(key: bytes) -> object:
@@ -200,20 +216,23 @@ async def nats_kv(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | No
     return {**puts, **gets}
 
 
-async def generator_ceiling(work: Path, plan: Plan) -> JsonObject:
-    """The publisher and the request loop against a no-op responder on core NATS."""
-    with NatsServer(work / "nats-core") as server, no_op_responder(server.url, "sink.>"):
-        count = min(plan.records, 200_000)
-        puts = await publish_pipelined(server.url, [("sink.x", VALUE, None)] * count,
-                                       plan.window)
-        nc = await nats.connect(server.url)
-        try:
+async def generator_ceiling(work: Path, plan: Plan,
+                            data: Sequence[tuple[bytes, bytes | None]]) -> JsonObject:
+    """The put generator and the request loop against no-op responders on core NATS."""
+    sink = [("sink.put", payload, headers) for _, payload, headers in our_messages(data)]
+    with NatsServer(work / "nats-core") as server:
+        with responder(server.url, "sink.put"):
+            puts = await put_all(server.url, sink, plan.window, work)
+        with no_op_responder(server.url, "sink.get"):
+            nc = await nats.connect(server.url)
+
             async def get(key: bytes) -> object:
                 return await nc.request("sink.get", key, timeout=10)
 
-            gets = await timed_gets(get, [b"k"] * plan.gets, plan.concurrency)
-        finally:
-            await nc.close()
+            try:
+                gets = await timed_gets(get, [b"k"] * plan.gets, plan.concurrency)
+            finally:
+                await nc.close()
     return {"puts_per_s": puts["puts_per_s"], "gets_per_s": gets["gets_per_s"]}
 
 
@@ -247,7 +266,7 @@ async def run(plan: Plan) -> JsonObject:
         print("NATS KV ...", file=sys.stderr, flush=True)
         peer = await nats_kv(work, plan, data)
         print("load generator ceiling ...", file=sys.stderr, flush=True)
-        ceiling = await generator_ceiling(work, plan)
+        ceiling = await generator_ceiling(work, plan, data)
     best = max(our["puts_per_s"], peer["puts_per_s"])
     best_gets = max(our["gets_per_s"], peer["gets_per_s"])
     return {
