@@ -51,7 +51,7 @@ from bench.common import (
     no_op_responder,
     percentile,
 )
-from bench.loadgen import Load, responder, run_load, write_messages
+from bench.loadgen import publish_listed, responder
 from jetstream.compaction.cleaner import clean
 from jetstream.compaction.planner import CleaningPlan, CompactionConfig
 from jetstream.natsd import NatsServer
@@ -120,21 +120,6 @@ def kv_messages(data: Sequence[tuple[bytes, bytes | None]]) -> list[Message]:
             for key, value in data]
 
 
-async def put_all(url: str, messages: Sequence[Message], window: int, work: Path
-                  ) -> JsonObject:
-    """`messages` in order through the compiled generator, `window` un-acked at most."""
-    path = work / "put-messages"
-    write_messages(path, messages)
-    size = sum(len(payload) for _, payload, _ in messages) // max(len(messages), 1)
-    result = await run_load(url, Load("unused", size=size, inflight=window,
-                                      count=len(messages), messages=path))
-    if result.timed_out or result.acked != len(messages):
-        raise RuntimeError(f"{result.acked} of {len(messages)} puts acknowledged")
-    return {"puts_per_s": result.msgs_per_s, "ack_p50_ms": result.histogram.value_at(50) / 1e6,
-            "ack_p99_ms": result.histogram.value_at(99) / 1e6, "errors": result.errors,
-            "generator_cpu_us_per_put": result.generator_cpu_s / len(messages) * 1e6}
-
-
 async def until_first_pass(broker: BrokerProcess, deadline_s: float = 300) -> float:
     """The monotonic time at which the broker shows its first finished pass."""
     started = time.monotonic()
@@ -171,7 +156,7 @@ async def ours(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | None]
                                        ack_policy="leader")
                 idle = await probe_latencies(js, plan.probe_publishes)
                 cpu0 = cpu_seconds(broker.pid)
-                puts = await put_all(server.url, our_messages(data), plan.window, work)
+                puts = await publish_listed(server.url, our_messages(data), plan.window, work)
                 puts["cpu_us_per_put"] = (cpu_seconds(broker.pid) - cpu0) / plan.records * 1e6
                 ended = time.monotonic()
                 cleaning = await probe_latencies(js, plan.probe_publishes)
@@ -199,7 +184,7 @@ async def nats_kv(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | No
             js = nc.jetstream()
             kv = await js.create_key_value(bucket=BUCKET, history=1)
             cpu0 = cpu_seconds(server.pid)
-            puts = await put_all(server.url, kv_messages(data), plan.window, work)
+            puts = await publish_listed(server.url, kv_messages(data), plan.window, work)
             puts["cpu_us_per_put"] = (cpu_seconds(server.pid) - cpu0) / plan.records * 1e6
 
             async def get(key: bytes) -> object:
@@ -222,7 +207,7 @@ async def generator_ceiling(work: Path, plan: Plan,
     sink = [("sink.put", payload, headers) for _, payload, headers in our_messages(data)]
     with NatsServer(work / "nats-core") as server:
         with responder(server.url, "sink.put"):
-            puts = await put_all(server.url, sink, plan.window, work)
+            puts = await publish_listed(server.url, sink, plan.window, work)
         with no_op_responder(server.url, "sink.get"):
             nc = await nats.connect(server.url)
 

@@ -1,10 +1,10 @@
 """What message ids and check-and-set appends cost, side by side with NATS JetStream and NATS KV.
 
 Theory of operation
-- One publisher pattern for every ingest side, in this process: bench.common's pipelined raw
-  nats-py publisher (`nc.publish(subject, payload, reply=inbox.N)`, at most `window`
-  un-acked), 128 B messages, with or without a `Nats-Msg-Id` header (unique per message),
-  the header a NATS client sets for JetStream's dedupe.
+- One publisher for every ingest side: the compiled load generator (bench/loadgen) sending a
+  list of messages on one connection, at most `window` un-acked, 128 B each, with or
+  without a `Nats-Msg-Id` header (unique per message), the header a NATS client sets for
+  JetStream's dedupe.
 - (a) Ours, one broker, a stream with fsync `interval` and ack `leader` (JetStream's
   defaults are the closest), without ids then with ids: `msgid_overhead_ratio` = with ÷
   without (target >= 0.9: ids cost at most 10 %). (b) NATS JetStream R1, file storage, its
@@ -16,10 +16,9 @@ Theory of operation
   offset) or revision (NATS KV `update(key, value, last=)`; a refusal is followed by a `get`
   for the current revision, as KV users do). `cas_vs_nats_kv` = our successful updates/s ÷
   NATS KV's (target >= 1.5).
-- Generator headroom: the same publisher against a no-op responder as fast as the broker's
-  NATS path (batches in, batched acks out), and the same 4-writer request loop against a
-  no-op responder on core NATS; each must reach at least twice the best rate measured, or
-  the figures measure the generator.
+- Generator headroom: the same generator and messages against its compiled no-op responder,
+  and the same 4-writer request loop against a no-op responder on core NATS; each must
+  reach at least twice the best rate measured, or the figures measure the generator.
 - Broker and server CPU time per message (/proc) is reported beside the rates. Every side
   runs in fresh server processes in a temp dir on loopback, stopped by PID; figures are
   medians over `repeats` runs.
@@ -33,11 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,32 +51,14 @@ from bench.common import (
     bench_main,
     cpu_seconds,
     no_op_responder,
-    publish_pipelined,
 )
+from bench.loadgen import publish_listed, responder
 from jetstream.errors import KeyOffsetMismatch
 from jetstream.natsd import NatsServer
 from jetstream.server.process import BrokerProcess
 
 PAYLOAD = b"x" * 128
 WRITERS = 4
-#: A no-op responder as fast as the broker's own NATS path (jetstream.server.nats_ingest:
-#: batches in, one write of acks out), so that the publishes' ceiling is the generator's.
-FAST_RESPONDER = """
-import asyncio, sys
-from jetstream.server.nats_ingest import connect
-async def main():
-    conn = await connect(sys.argv[1], name="bench-responder")
-    sub = conn.subscribe(sys.argv[2])
-    await conn.flush()
-    print("ready", flush=True)
-    while True:
-        batch = await sub.next_batch()
-        conn.publish_many([(reply, b"+OK") for _s, reply, _h, _d in batch if reply])
-        await conn.drain()
-asyncio.run(main())
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class Plan:
     messages: int
@@ -100,9 +80,10 @@ def messages(subject: str, count: int, ids: bool, run: int) -> list[Message]:
             for i in range(count)]
 
 
-async def timed_publish(url: str, msgs: list[Message], window: int, pid: int) -> JsonObject:
+async def timed_publish(url: str, msgs: list[Message], window: int, pid: int, work: Path
+                        ) -> JsonObject:
     cpu0 = cpu_seconds(pid)
-    run = await publish_pipelined(url, msgs, window)
+    run = await publish_listed(url, msgs, window, work)
     run["cpu_us_per_msg"] = (cpu_seconds(pid) - cpu0) / len(msgs) * 1e6
     if run["errors"]:
         raise RuntimeError(f"{run['errors']} publishes were refused")
@@ -141,10 +122,10 @@ async def ours_ingest(work: Path, plan: Plan) -> JsonObject:
         for run in range(plan.repeats):  # interleaved: the machine drifts
             progress(f"ours without ids, run {run + 1}")
             plain.append(await timed_publish(url, messages(
-                "plain.in", plan.messages, False, run), plan.window, broker.pid))
+                "plain.in", plan.messages, False, run), plan.window, broker.pid, work))
             progress(f"ours with ids, run {run + 1}")
             ids.append(await timed_publish(url, messages(
-                "ids.in", plan.messages, True, run), plan.window, broker.pid))
+                "ids.in", plan.messages, True, run), plan.window, broker.pid, work))
     return {"without_ids": median(plain), "with_ids": median(ids)}
 
 
@@ -159,7 +140,7 @@ async def jetstream_ingest(work: Path, plan: Plan) -> JsonObject:
         for run in range(plan.repeats):
             progress(f"NATS JetStream with ids, run {run + 1}")
             runs.append(await timed_publish(server.url, messages(
-                "js.in", plan.messages, True, run), plan.window, server.pid))
+                "js.in", plan.messages, True, run), plan.window, server.pid, work))
     return median(runs)
 
 
@@ -243,25 +224,10 @@ async def nats_kv_cas(work: Path, plan: Plan) -> JsonObject:
 # -- the load generator's ceiling ---------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def fast_responder(url: str, subject: str) -> Iterator[None]:
-    """FAST_RESPONDER on `subject`, stopped by PID on exit."""
-    process = subprocess.Popen([sys.executable, "-c", FAST_RESPONDER, url, subject],
-                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    try:
-        assert process.stdout is not None
-        if process.stdout.readline().strip() != b"ready":
-            raise RuntimeError("the fast responder did not start")
-        yield
-    finally:
-        process.kill()
-        process.wait()
-
-
 async def generator_ceiling(work: Path, plan: Plan) -> JsonObject:
-    with NatsServer(work / "nats-core") as server, fast_responder(server.url, "fast.>"):
-        puts = await publish_pipelined(server.url, messages("fast.x", plan.messages, True, 0),
-                                       plan.window)
+    with NatsServer(work / "nats-core") as server, responder(server.url, "fast.x"):
+        puts = await publish_listed(server.url, messages("fast.x", plan.messages, True, 0),
+                                    plan.window, work)
     with NatsServer(work / "nats-core-2") as server, no_op_responder(server.url, "sink.>"):
         nc = await nats.connect(server.url)
         try:

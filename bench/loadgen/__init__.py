@@ -219,6 +219,24 @@ async def run_load(url: str, load: Load) -> LoadResult:
     return merge_runs(runs, load.size)
 
 
+async def publish_listed(url: str, messages: Sequence[tuple[str, bytes, Mapping[str, str] | None]],
+                         window: int, work: Path) -> dict[str, Any]:
+    """`messages` in order on one connection, at most `window` un-acked (a file of them is
+    written in `work`): rate, ack latency, errors (acks saying "error") and the generator's
+    CPU per message. Raises RuntimeError when not every message was acknowledged."""
+    path = work / "listed-messages"
+    write_messages(path, messages)
+    size = sum(len(payload) for _, payload, _ in messages) // max(len(messages), 1)
+    result = await run_load(url, Load("unused", size=size, inflight=window,
+                                      count=len(messages), messages=path))
+    path.unlink()
+    if result.timed_out or result.acked != len(messages):
+        raise RuntimeError(f"{result.acked} of {len(messages)} messages acknowledged")
+    return {"puts_per_s": result.msgs_per_s, "ack_p50_ms": result.histogram.value_at(50) / 1e6,
+            "ack_p99_ms": result.histogram.value_at(99) / 1e6, "errors": result.errors,
+            "generator_cpu_us_per_msg": result.generator_cpu_s / len(messages) * 1e6}
+
+
 @contextlib.contextmanager
 def responder(url: str, subject: str, conns: int = 1) -> Iterator[int]:
     """The no-op peer: `conns` connections answering every request on `subject` with "+OK"
