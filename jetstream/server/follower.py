@@ -15,9 +15,11 @@ leader or the epoch changes.
    LEO, epoch, unfit, verify) changed. What comes back (`on_answer`) is appended as it is
    (byte-identical batches) and made durable through the stream's fsync policy before the
    next request, because the offset it names tells the leader that everything below it is
-   held here. The follower's HW is min(leader HW, LEO), checkpointed every
-   `checkpoint_interval_ms` while it moves. When the leader's log start passes this copy's
-   (its retention deleted segments), this copy applies its own retention below it.
+   held here. The follower's HW is min(leader HW, LEO), checkpointed
+   `checkpoint_interval_ms` after it moved (as a leader's is: never at once, so that a burst
+   over many partitions writes no file in the path of its acks). When the leader's log start
+   passes this copy's (its retention deleted segments), this copy applies its own retention
+   below it.
 3. Fence: before each request the follower checks its epoch against the highest this broker
    recorded (`fence`, jetstream.isr.highest_epochs): it never asks or fetches below it. Its
    END_OFFSET_FOR_EPOCH requests carry its epoch, so a leader at another epoch refuses them.
@@ -115,7 +117,8 @@ class PartitionFollower:
         self._task: asyncio.Task[None] | None = None
         self._last_answer_s = time.monotonic()
         self._last_report_s = 0.0
-        self._checkpoint_s = time.monotonic()
+        #: When the HW first moved past the checkpoint (monotonic seconds), None when it has not.
+        self._moved_s: float | None = None
         self._append_done: asyncio.Future[None] | None = None
         self._hw_changed = asyncio.Event()
         self._stopping = False
@@ -372,13 +375,19 @@ class PartitionFollower:
             self.log.append_batches(data, sync=self.stream.fsync is not FsyncPolicy.NEVER)
 
     def maybe_checkpoint(self) -> bool:
-        """Checkpoint the HW if it changed and the interval passed; True while a change is
-        left to checkpoint."""
+        """Checkpoint the HW once `checkpoint_interval_ms` passed since it moved past the
+        checkpoint; True while a change is left to checkpoint."""
+        if min(self.high_watermark, self.log.log_end_offset) == self._checkpointed_hw:
+            self._moved_s = None
+            return False
         now = time.monotonic()
-        if now - self._checkpoint_s >= self._config.checkpoint_interval_ms / 1000:
-            self._checkpoint_s = now
+        if self._moved_s is None:
+            self._moved_s = now
+        elif now - self._moved_s >= self._config.checkpoint_interval_ms / 1000:
             self._checkpoint()
-        return min(self.high_watermark, self.log.log_end_offset) != self._checkpointed_hw
+            self._moved_s = None
+            return False
+        return True
 
     def _checkpoint(self) -> None:
         hw = min(self.high_watermark, self.log.log_end_offset)

@@ -28,9 +28,9 @@ from jetstream.natsd import free_ports
 from jetstream.protocol import messages as m
 from jetstream.server.epoch_fence import load_epochs
 from jetstream.server.process import BrokerProcess
-from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.checkpoint import read_offset, write_atomic
 from jetstream.stream.format import StoredRecord, decode_batches
-from jetstream.stream.log import Log
+from jetstream.stream.log import HIGH_WATERMARK_FILE, Log
 from tests.integration.test_cli import jetstream as cli
 from tests.integration.test_cli import json_of as cli_json
 
@@ -548,3 +548,18 @@ async def test_create_places_replicas_on_live_brokers(cluster: list[BrokerProces
         info = await js.stream_info("two")
     replicas = {r for p in info.partitions for r in p.replicas}
     assert replicas == {b.broker_id for b in live}, info
+
+
+async def test_every_replica_checkpoints_its_high_watermark(
+        cluster: list[BrokerProcess]) -> None:
+    """Leader and followers each write the HW checkpoint of their copy once
+    `checkpoint_interval_ms` passed after it moved (not in the path of the acks)."""
+    await create_stream(cluster[0])
+    await publish_acked(cluster, [b"v%d" % i for i in range(5)])
+
+    async def checkpointed() -> bool | None:
+        held = [read_offset(b.data_dir / "logs" / f"{STREAM}-0" / HIGH_WATERMARK_FILE,
+                            "high-watermark") for b in cluster]
+        return True if held == [5, 5, 5] else None
+
+    await eventually(checkpointed, "every replica's checkpoint at HW 5")
