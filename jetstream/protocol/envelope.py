@@ -241,5 +241,27 @@ def decode_envelope(payload: bytes | bytearray | memoryview) -> Envelope | None:
         return None
 
 
+_VALUE_AND_KEY = frozenset(("value", "key"))
+
+
+def decode_value_and_key(payload: bytes | bytearray | memoryview
+                         ) -> tuple[bytes | None, bytes | None] | None:
+    """(value, key) of an envelope that holds nothing else (a keyed put or tombstone: the
+    hot path of compacted streams), or None for any other payload, which `decode_envelope`
+    then judges. Never raises."""
+    try:
+        with memoryview(payload) as view, view[PREFIX.size:] as body_bytes:
+            body = msgpack.unpackb(body_bytes, raw=False, strict_map_key=True, max_ext_len=0,
+                                   ext_hook=_reject_ext)
+    except Exception:
+        return None
+    if type(body) is not dict or not body.keys() <= _VALUE_AND_KEY or "value" not in body:
+        return None
+    value, key = body["value"], body.get("key")
+    if (value is None or type(value) is bytes) and (key is None or type(key) is bytes):
+        return value, key
+    return None
+
+
 def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
