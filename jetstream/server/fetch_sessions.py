@@ -98,8 +98,13 @@ class FetchSession:
 class FetchSessions:
     """The sessions of this broker, as a leader (see the module docstring)."""
 
-    def __init__(self, leader_of: Callable[[PartitionKey], PartitionLeader | None]) -> None:
+    def __init__(self, leader_of: Callable[[PartitionKey], PartitionLeader | None],
+                 not_leading: Callable[[PartitionKey], NotLeader] = lambda key: NotLeader(*key)
+                 ) -> None:
+        """`not_leading` is the refusal of a partition no leader role serves here: it names
+        the leader the metadata knows, this broker itself while its role starts."""
         self._leader_of = leader_of
+        self._not_leading = not_leading
         self._sessions: OrderedDict[int, FetchSession] = OrderedDict()
         self._by_replica: dict[int, FetchSession] = {}
         self._by_key: dict[PartitionKey, set[FetchSession]] = {}
@@ -166,7 +171,7 @@ class FetchSessions:
             leader = self._leader_of(sp.key)
             try:
                 if leader is None:
-                    raise NotLeader(*sp.key)
+                    raise self._not_leading(sp.key)
                 await leader.follower_fetched(request.replica_id, sp.offset, sp.leader_epoch,
                                               unfit)
             except JetstreamError as exc:
@@ -243,11 +248,10 @@ class FetchSessions:
                 piece.close()
         return answers, pieces
 
-    @staticmethod
-    def _refusal(key: PartitionKey, leader: PartitionLeader | None, entry: _Entry
+    def _refusal(self, key: PartitionKey, leader: PartitionLeader | None, entry: _Entry
                  ) -> JetstreamError | None:
         if leader is None or not leader.serving:
-            return NotLeader(*key)
+            return self._not_leading(key)
         if leader.state.leader_epoch != entry.leader_epoch:
             return FencedLeaderEpoch(key[0], key[1], entry.leader_epoch,
                                      leader.state.leader_epoch)

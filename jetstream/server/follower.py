@@ -31,7 +31,9 @@ leader or the epoch changes.
    and rejoins after a bounded, doubling back-off (the leader may have changed its log
    meanwhile). When the leader has not answered
    for `replica_leader_timeout_ms`, the follower reports it (`report_failure`) to the metadata
-   leader, and again at most once per timeout while the silence lasts.
+   leader, and again at most once per timeout while the silence lasts. A refusal in which
+   the leader's broker names itself the leader (its role is starting: a broker starts many
+   roles in turn) is an answer, for LEADER_START_GRACE_S after this follower started.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from functools import partial
 from typing import Protocol
 
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import CorruptRecord, DiskFull, InvalidBatch, JetstreamError
+from jetstream.errors import CorruptRecord, DiskFull, InvalidBatch, JetstreamError, NotLeader
 from jetstream.isr.disk_full import FollowerDisk
 from jetstream.isr.follower import Done, TruncateFully, TruncateTo, epoch_to_ask, plan_truncation
 from jetstream.isr.leader import Unfit
@@ -68,6 +70,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_MS_MIN = 50
 BACKOFF_MS_MAX = 1_000
+#: How long after a follower starts a refusal from a leader whose role is starting counts
+#: as an answer (a broker starting thousands of leader roles takes seconds).
+LEADER_START_GRACE_S = 60.0
 
 #: Reports that the leader is silent: (stream, partition, leader epoch); True when the
 #: metadata leader got the report.
@@ -115,7 +120,7 @@ class PartitionFollower:
         self.high_watermark = min(log_.read_high_watermark(), log_.log_end_offset)
         self._checkpointed_hw = self.high_watermark
         self._task: asyncio.Task[None] | None = None
-        self._last_answer_s = time.monotonic()
+        self._last_answer_s = self._started_s = time.monotonic()
         self._last_report_s = 0.0
         #: When the HW first moved past the checkpoint (monotonic seconds), None when it has not.
         self._moved_s: float | None = None
@@ -178,6 +183,8 @@ class PartitionFollower:
                 await fetcher.follow(self)
             except (JetstreamError, OSError) as exc:
                 log.info("%s: following broker %d failed: %s", self.name, self.state.leader, exc)
+                if self._leader_starting(exc):
+                    self._answered()
             except Exception:  # a bug: keep following rather than leave the replica behind
                 log.exception("%s: follower failed", self.name)
             if self._stopping:
@@ -197,6 +204,11 @@ class PartitionFollower:
                                                    self.state.leader_epoch)
         if delivered:  # else try again after the next round's back-off
             self._last_report_s = now
+
+    def _leader_starting(self, exc: Exception) -> bool:
+        """The leader's broker refused, naming itself the leader: alive, its role starting."""
+        return (isinstance(exc, NotLeader) and exc.fields.get("leader_id") == self.state.leader
+                and time.monotonic() - self._started_s < LEADER_START_GRACE_S)
 
     def _answered(self) -> None:
         self._last_answer_s = time.monotonic()

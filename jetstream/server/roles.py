@@ -145,7 +145,7 @@ class Roles:
         self.read_around: ReadAround | None = None
         self.damage_found: Callable[[PartitionKey], None] | None = None
         #: As a leader: the fetch sessions of the brokers following here.
-        self.sessions = FetchSessions(self.leaders.get)
+        self.sessions = FetchSessions(self.leaders.get, self.not_leading)
         #: Tiered storage of the partitions led here (streams with a `fragment_store`).
         self.tiering = Tiering(data_dir, config.fragment_cache_bytes_max, pool, executor,
                                TierConfig(list_interval_ms=config.fragment_list_interval_ms,
@@ -325,6 +325,16 @@ class Roles:
     def partition_state(self, key: PartitionKey) -> PartitionState | None:
         """The partition's state as the metadata holds it now."""
         return self._metadata.state.partitions.get(key)
+
+    def not_leading(self, key: PartitionKey) -> NotLeader:
+        """NOT_LEADER for a partition no leader role serves here, naming the leader the
+        metadata knows: this broker itself while its leader role starts."""
+        state = self._metadata.state
+        p = state.partitions.get(key)
+        if p is None:
+            return NotLeader(*key)
+        broker = state.brokers.get(p.leader)
+        return NotLeader(key[0], key[1], p.leader, broker.address if broker else "")
 
     def leader_for(self, stream: str, partition: int) -> PartitionLeader:
         """This broker's leader of the partition, else UnknownStream, UnknownPartition or

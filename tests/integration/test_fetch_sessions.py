@@ -164,10 +164,16 @@ async def test_followers_apply_retention_once_the_leader_did(
 async def test_every_partition_is_served_when_its_create_returns(
         cluster: list[BrokerProcess]) -> None:
     """A create returns once each partition's leader broker serves it: a publish to any of
-    them right after is acked, never NO_STREAM_FOR_SUBJECT (a leader not subscribed yet)."""
+    them right after is acked, never NO_STREAM_FOR_SUBJECT (a leader not subscribed yet).
+    Followers whose first fetches find their leader's role still starting (its broker names
+    itself the leader) wait for it rather than report it failed: every partition keeps its
+    first leader."""
     brokers = cluster
     async with jetstream.connect(",".join(b.address for b in brokers)) as js:
         await js.create_stream("wide", "wide", partitions=200, replication_factor=3)
+        first = {p.partition: p.leader_epoch for p in (await js.stream_info("wide")).partitions}
         acks = await js.publish_batch([PublishMessage("wide", b"x", partition=p)
                                        for p in range(200)])
-    assert sorted(ack.partition for ack in acks) == list(range(200))
+        assert sorted(ack.partition for ack in acks) == list(range(200))
+        now = {p.partition: p.leader_epoch for p in (await js.stream_info("wide")).partitions}
+    assert now == first
