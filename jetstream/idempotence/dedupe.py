@@ -21,6 +21,7 @@ path agree on what has expired.
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -69,6 +70,16 @@ class IdWindow:
         self._ids[msg_id] = (offset, timestamp_ms)
         while len(self._ids) > self.limits.ids_max:
             self._ids.popitem(last=False)
+
+    def add_all(self, staged: Mapping[str, int], timestamp_ms: int) -> None:
+        """`add` of every (message id -> offset) of `staged`, in its order."""
+        ids = self._ids
+        if not ids.keys().isdisjoint(staged):  # stored again past the window: the newest
+            for msg_id in staged:
+                ids.pop(msg_id, None)
+        ids.update((msg_id, (offset, timestamp_ms)) for msg_id, offset in staged.items())
+        for _ in range(len(ids) - self.limits.ids_max):
+            ids.popitem(last=False)
 
     def expire(self, now_ms: int) -> None:
         """Forget ids whose records are older than the window."""

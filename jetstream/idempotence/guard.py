@@ -328,8 +328,8 @@ class Pass:
     def commit(self) -> None:
         """The log accepted the append: make what it staged the guard's state."""
         guard, now = self._guard, self._now
-        for msg_id, offset in self._ids.items():
-            guard.ids.add(msg_id, offset, now)
+        if self._ids:
+            guard.ids.add_all(self._ids, now)
         for producer_id, epoch, sequence, offset in self._stamps:
             guard.producers.add(producer_id, epoch, sequence, offset, now)
         for key, offset in self._key_order:

@@ -65,6 +65,7 @@ OP_INFO: Final = b"INFO"
 HEADER_VERSION: Final = "NATS/1.0"
 #: Whitespace inside a header name makes the line malformed (skipped).
 _SPACE: Final = re.compile(r"\s")
+_VERSION_LINE: Final = HEADER_VERSION + "\r\n"
 STATUS_KEY: Final = "Status"
 DESCRIPTION_KEY: Final = "Description"
 PING: Final = b"PING\r\n"
@@ -368,7 +369,13 @@ def _payload_error(size: int, limit: int) -> NatsProtocolError:
 def parse_headers(block: bytes) -> dict[str, str]:
     """A NATS header block (`NATS/1.0[ status[ description]]\\r\\nKey: Value\\r\\n...\\r\\n`)
     as a dict, leniently (see the module doc): malformed lines are skipped, never raised."""
-    lines = block.decode(errors="replace").split("\r\n")
+    text = block.decode(errors="replace")
+    if text.startswith(_VERSION_LINE) and text.endswith("\r\n\r\n") and text.count("\r\n") == 3:
+        # The common block: no status, one header (a publisher's Nats-Msg-Id).
+        key, colon, value = text[len(_VERSION_LINE):-4].partition(":")
+        key = key.strip()
+        return {key: value.strip()} if colon and key and _SPACE.search(key) is None else {}
+    lines = text.split("\r\n")
     headers: dict[str, str] = {}
     has_space = _SPACE.search
     first = lines[0]

@@ -226,6 +226,14 @@ def test_non_utf8_subjects_survive() -> None:
     (b"NATS/1.0\r\nno colon\r\n: empty key\r\nbad key: 1\r\nok: \xff\r\n\r\n", {"ok": "\ufffd"}),
     (b"garbage", {}),
     (b"", {}),
+    # One header, the common block (a fast path), and its malformed kinds.
+    (b"NATS/1.0\r\nNats-Msg-Id: r-1\r\n\r\n", {"Nats-Msg-Id": "r-1"}),
+    (b"NATS/1.0\r\nK:\t v \r\n\r\n", {"K": "v"}),
+    (b"NATS/1.0\r\nK: \xff\r\n\r\n", {"K": "\ufffd"}),
+    (b"NATS/1.0\r\nbad key: 1\r\n\r\n", {}),
+    (b"NATS/1.0\r\nno colon\r\n\r\n", {}),
+    (b"NATS/1.0\r\n: v\r\n\r\n", {}),
+    (b"NATS/1.0 503\r\nK: v\r\n\r\n", {"Status": "503", "K": "v"}),
 ])
 def test_header_blocks(block: bytes, expected: dict[str, str]) -> None:
     assert parse_headers(block) == expected
