@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jetstream.client.types import PublishMessage
+from jetstream.client.publisher import ExpectingItem
 from jetstream.datastreams.connector import (
     Endpoints,
     SourceBatch,
@@ -153,19 +153,21 @@ class StreamWriter:
         info = self._info
         if info is None:
             info = self._info = await self._js.stream_info(self.stream)
-        messages = [self._message(record, info) for record in records]
+        items = [self._item(record, info) for record in records]
         # One ordered pipeline: each producer's sequences reach the leader in order, so a
         # record lost on the way makes the ones after it refused (OUT_OF_ORDER_SEQUENCE),
         # never stored out of order. Any error ends this writer (the task takes a new epoch).
         try:
-            await self._js.publish_batch_expecting(
-                messages, window=self._context.in_flight_max, timeout=WRITE_TIMEOUT_S)
+            _, error = await self._js.publish_expecting(
+                items, window=self._context.in_flight_max, timeout=WRITE_TIMEOUT_S)
         except BaseException:
             self._info = None  # the stream may have changed: describe it again next time
             raise
+        if error is not None:
+            self._info = None
+            raise error
 
-    def _message(self, record: SourceRecord, info: StreamInfo
-                 ) -> tuple[PublishMessage, dict[str, Any]]:
+    def _item(self, record: SourceRecord, info: StreamInfo) -> ExpectingItem:
         context = self._context
         count = info.partition_count
         if context.partition_mapping == "key_hash" and record.key is not None:
@@ -182,7 +184,7 @@ class StreamWriter:
         sequence = self._sequences.get((record.partition, target), 0)
         self._sequences[(record.partition, target)] = sequence + 1
         producer = (f"ds.{context.datastream}.{record.partition}", context.epoch, sequence)
-        return (PublishMessage(info.subject, record.value, record.key, headers, partition),
+        return ((target, record.value, record.key, headers),
                 {"msg_id": f"{context.datastream}/{record.partition}/{record.position}",
                  "producer": producer})
 
