@@ -26,6 +26,7 @@ from jetstream.datastreams.commands import AssignTasks
 from jetstream.datastreams.connector import Endpoints, SourceReader
 from jetstream.datastreams.model import DatastreamState
 from jetstream.datastreams.planner import PlanInput, changed, plan
+from jetstream.datastreams.security import scrub, secret_values
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
 
@@ -111,7 +112,7 @@ class Coordinator:
             count = await asyncio.wait_for(reader.partitions(), ASK_TIMEOUT_S)
         except (JetstreamError, OSError, TimeoutError) as exc:
             log.warning("datastream %s: source partitions unknown (%s); keeping %d", ds.name,
-                        exc, count)
+                        scrub(str(exc), secret_values(ds.config.source.settings)), count)
             await self._close_readers({key})
         self._partitions[key] = (count, now)
         return count

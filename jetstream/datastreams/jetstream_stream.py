@@ -8,7 +8,10 @@ keeps checkpoints as the committed offsets of the datastream's consumer group
 offset to read, and it never moves backwards (OFFSET_BEHIND_COMMITTED refuses that), so an
 older owner cannot undo a newer one's progress.
 
-Destination settings: `stream` (required), `brokers` (default this cluster). Each record
+Destination settings: `stream` (required), `brokers` (default this cluster). Both take the
+settings that secure the connection to another cluster (jetstream.datastreams.security):
+`tls_ca`, `tls_cert`, `tls_key`, and `user` with `password` or a `token` (`user:secret`);
+a `tls://` NATS URL the brokers report uses the same TLS context. Each record
 keeps its key, value and headers and gains `Jetstream-Source` (`<stream>/<partition>`) and
 `Jetstream-Source-Offset`; the headers a leader writes itself (`Nats-Msg-Id`,
 `Jetstream-Producer`, `Jetstream-Registers`) are not copied (a source message id is kept as
@@ -38,6 +41,12 @@ from jetstream.datastreams.connector import (
     check_known,
     setting_str,
 )
+from jetstream.datastreams.security import (
+    SECURITY_SETTINGS,
+    check_security,
+    credential,
+    tls_context,
+)
 from jetstream.errors import InvalidDatastreamConfig, InvalidStreamConfig, OffsetOutOfRange
 from jetstream.idempotence import headers as h
 from jetstream.protocol import names
@@ -47,8 +56,8 @@ if TYPE_CHECKING:
     from jetstream.client import Client
     from jetstream.client.types import StreamInfo
 
-SOURCE_SETTINGS = ("stream", "brokers", "start")
-DESTINATION_SETTINGS = ("stream", "brokers")
+SOURCE_SETTINGS = ("stream", "brokers", "start", *SECURITY_SETTINGS)
+DESTINATION_SETTINGS = ("stream", "brokers", *SECURITY_SETTINGS)
 SOURCE_HEADER = "Jetstream-Source"
 SOURCE_OFFSET_HEADER = "Jetstream-Source-Offset"
 SOURCE_MSG_ID_HEADER = "Jetstream-Source-Msg-Id"
@@ -66,13 +75,17 @@ def _check_stream(settings: Mapping[str, Any], where: str) -> None:
     except InvalidStreamConfig as exc:
         raise InvalidDatastreamConfig(str(exc), field=f"{where}.stream") from None
     setting_str(settings, "brokers", where)
+    check_security(settings, where, token_is_user_secret=True)
 
 
 async def _connect(settings: Mapping[str, Any], endpoints: Endpoints, client_id: str) -> Client:
     from jetstream.client import connect
 
     brokers = settings.get("brokers") or endpoints.local_brokers
-    return await connect(brokers, client_id=client_id).start()
+    return await connect(brokers, client_id=client_id, tls=tls_context(settings, "settings"),
+                         user=credential(settings, "user"),
+                         password=credential(settings, "password"),
+                         token=credential(settings, "token")).start()
 
 
 class JetstreamSource:

@@ -42,6 +42,7 @@ from jetstream.datastreams.connector import (
     WriterContext,
 )
 from jetstream.datastreams.model import DatastreamState, TaskAssignment, TaskStatus
+from jetstream.datastreams.security import scrub, secret_values
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
 from jetstream.tasks import cancel_and_wait
@@ -169,6 +170,11 @@ class Runner:
             raise TaskMoved(f"datastream {name!r} was deleted")
         return ds
 
+    def _secrets(self, name: str) -> list[str]:
+        ds = self._state().datastreams.get(name)
+        return [] if ds is None else secret_values(ds.config.source.settings,
+                                                   ds.config.destination.settings)
+
     def _check_owner(self, run: TaskRun) -> DatastreamState:
         ds = self._datastream(run.name)
         task = ds.tasks[run.task] if run.task < len(ds.tasks) else None
@@ -212,7 +218,8 @@ class Runner:
                 if isinstance(error, TaskMoved | StaleDatastreamGeneration):
                     return
                 run.status, run.errors = TaskStatus.FAULTY, run.errors + 1
-                run.last_error = f"{type(error).__name__}: {error}"[:LAST_ERROR_CHARS_MAX]
+                run.last_error = scrub(f"{type(error).__name__}: {error}",
+                                       self._secrets(run.name))[:LAST_ERROR_CHARS_MAX]
                 self._count(run.name, "errors", 1)
                 log.warning("datastream %s task %d faulty (retry in %.1f s): %s", run.name,
                             run.task, backoff, run.last_error)

@@ -106,7 +106,7 @@ class DatastreamService:
         return state
 
     def describe(self, state: DatastreamState) -> dict[str, Any]:
-        return {**state.config.to_dict(), "status": _status(state),
+        return {**state.config.shown(), "status": _status(state),
                 "paused": state.paused, "paused_partitions": list(state.paused_partitions),
                 "source_partitions": state.source_partitions,
                 "tasks": [{**t.to_dict(), "status": TaskStatus.UNASSIGNED.value}
