@@ -51,6 +51,8 @@ class Coordinator:
         self._readers: dict[tuple[str, int], SourceReader] = {}
         self._loop: asyncio.Task[None] | None = None
         self.proposals = 0
+        #: Per datastream: committed assignments that changed its tasks (the first included).
+        self.rebalances: dict[str, int] = {}
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop().create_task(self._run(), name="datastreams")
@@ -94,6 +96,9 @@ class Coordinator:
                                                 wanted.source_partitions, tasks))
             except JetstreamError as exc:  # stale or unavailable: plan again next tick
                 log.info("datastream %s: assignment not committed: %s", ds.name, exc)
+                continue
+            if changed(ds.tasks, tasks):
+                self.rebalances[ds.name] = self.rebalances.get(ds.name, 0) + 1
 
     async def _source_partitions(self, ds: DatastreamState) -> int:
         key = (ds.name, ds.created_version)
@@ -116,6 +121,16 @@ class Coordinator:
             await self._close_readers({key})
         self._partitions[key] = (count, now)
         return count
+
+    def render_metrics(self) -> list[str]:
+        """Prometheus lines of this broker's time as the coordinator."""
+        lines = [("# HELP jetstream_datastream_rebalances_total Task assignments the "
+                  "coordinator changed (tasks moved, split or added), counted on the metadata "
+                  "leader that made them."),
+                 "# TYPE jetstream_datastream_rebalances_total counter"]
+        lines += [f'jetstream_datastream_rebalances_total{{datastream="{name}"}} {count}'
+                  for name, count in sorted(self.rebalances.items())]
+        return lines
 
     async def _close_readers(self, keys: set[tuple[str, int]]) -> None:
         for key in keys:

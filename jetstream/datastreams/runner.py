@@ -75,6 +75,8 @@ class PartitionProgress:
     end_position: int = -1
     records_in: int = 0
     records_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
     last_write_ms: int = 0
     #: The source timestamp of the newest record written, and the end it was read against.
     last_record_timestamp_ms: int = 0
@@ -122,6 +124,8 @@ class Runner:
         self.runs: dict[tuple[str, int], TaskRun] = {}
         #: Per datastream: records read, written, and errors (counters for /metrics).
         self.counters: dict[str, dict[str, int]] = {}
+        #: Per datastream and task: bytes read and written (counters for /metrics).
+        self.task_bytes: dict[tuple[str, int], dict[str, int]] = {}
         self._loop: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -251,12 +255,17 @@ class Runner:
                                       READ_WAIT_MS)
             progress.end_position = batch.end_position
             count = len(batch.records)
+            size = sum(record.size_bytes() for record in batch.records)
             progress.records_in += count
+            progress.bytes_in += size
             self._count(run.name, "records_in", count)
+            self._count_bytes(run, "bytes_in", size)
             self._check_owner(run)  # no write after the task moved (its epoch fences too)
             await writer.write(batch.records)  # also with none: a writer may roll by time
             if count:
                 progress.records_out += count
+                progress.bytes_out += size
+                self._count_bytes(run, "bytes_out", size)
                 progress.last_write_ms = int(time.time() * 1000)
                 progress.last_record_timestamp_ms = batch.records[-1].timestamp_ms
                 self._count(run.name, "records_out", count)
@@ -277,6 +286,11 @@ class Runner:
                                                    "errors": 0})
         counters[counter] += value
 
+    def _count_bytes(self, run: TaskRun, counter: str, value: int) -> None:
+        counters = self.task_bytes.setdefault((run.name, run.task),
+                                              {"bytes_in": 0, "bytes_out": 0})
+        counters[counter] += value
+
     # -- views ----------------------------------------------------------------------------
 
     def describe(self, name: str | None = None) -> list[dict[str, Any]]:
@@ -294,6 +308,7 @@ class Runner:
                  "checkpoint": pr.checkpoint, "lag_records": pr.lag_records(),
                  "lag_ms": pr.lag_ms(now_ms),
                  "records_in": pr.records_in, "records_out": pr.records_out,
+                 "bytes_in": pr.bytes_in, "bytes_out": pr.bytes_out,
                  "last_write_ms": pr.last_write_ms, "paused": pr.paused}
                 for p, pr in sorted(run.progress.items())]
             out.append(described)
@@ -308,6 +323,13 @@ class Runner:
                       f"# TYPE jetstream_datastream_{name}_total counter"]
             lines += [f'jetstream_datastream_{name}_total{{datastream="{ds}"}} {c[name]}'
                       for ds, c in sorted(self.counters.items())]
+        bytes_texts = (("bytes_in", "Bytes (keys, values, headers) read from sources."),
+                       ("bytes_out", "Bytes (keys, values, headers) destinations acknowledged."))
+        for name, text in bytes_texts:
+            lines += [f"# HELP jetstream_datastream_{name}_total {text}",
+                      f"# TYPE jetstream_datastream_{name}_total counter"]
+            lines += [f'jetstream_datastream_{name}_total{{datastream="{ds}",task="{task}"}} '
+                      f"{c[name]}" for (ds, task), c in sorted(self.task_bytes.items())]
         lines += [("# HELP jetstream_datastream_lag_records Records of a source partition "
                    "not yet written, as of the last read."),
                   "# TYPE jetstream_datastream_lag_records gauge"]

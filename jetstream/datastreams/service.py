@@ -162,7 +162,7 @@ class DatastreamService:
                 "tasks": self.runner.describe()}
 
     def render_metrics(self) -> list[str]:
-        return self.runner.render_metrics()
+        return self.runner.render_metrics() + self.coordinator.render_metrics()
 
 
 def _status(state: DatastreamState) -> str:
