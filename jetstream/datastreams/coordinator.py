@@ -7,7 +7,9 @@ brokers (this one and those whose metadata Raft connection is up, as failover do
 with the pure planner (jetstream.datastreams.planner) and proposes `AssignTasks` for each
 datastream whose plan differs from its tasks. The proposal is compare-and-set on the
 datastream's generation, so a plan made on stale state is refused and made again next tick.
-A broker that dies drops out of the live set and its tasks move at the next tick; a source
+A broker that dies drops out of the live set and its tasks move at the next tick, and so do
+those of a broker that stops (it marks itself draining in the metadata first: `DrainTasks`,
+jetstream.datastreams.runner); a source
 that grows partitions gets them split into tasks at the next ask. A source that cannot be
 asked keeps its last known count.
 """
@@ -83,7 +85,8 @@ class Coordinator:
         for ds in datastreams:
             count = await self._source_partitions(ds)
             inputs.append(PlanInput(ds.name, count, ds.config.max_tasks, ds.tasks))
-        planned = plan(inputs, self._live())
+        draining = self._state().datastream_draining
+        planned = plan(inputs, tuple(b for b in self._live() if b not in draining))
         for ds, wanted in zip(datastreams, inputs, strict=True):
             tasks = planned[ds.name]
             if wanted.source_partitions == ds.source_partitions and not changed(ds.tasks, tasks):
