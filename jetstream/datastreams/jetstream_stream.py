@@ -11,7 +11,9 @@ older owner cannot undo a newer one's progress.
 Destination settings: `stream` (required), `brokers` (default this cluster). Both take the
 settings that secure the connection to another cluster (jetstream.datastreams.security):
 `tls_ca`, `tls_cert`, `tls_key`, and `user` with `password` or a `token` (`user:secret`);
-a `tls://` NATS URL the brokers report uses the same TLS context. Each record
+a `tls://` NATS URL the brokers report uses the same TLS context. A destination publishes
+through the other cluster's NATS: `nats_user` with `nats_password`, or `nats_token`, are its
+credentials there. Each record
 keeps its key, value and headers and gains `Jetstream-Source` (`<stream>/<partition>`) and
 `Jetstream-Source-Offset`; the headers a leader writes itself (`Nats-Msg-Id`,
 `Jetstream-Producer`, `Jetstream-Registers`) are not copied (a source message id is kept as
@@ -42,9 +44,12 @@ from jetstream.datastreams.connector import (
     setting_str,
 )
 from jetstream.datastreams.security import (
+    NATS_CREDENTIAL_SETTINGS,
     SECURITY_SETTINGS,
+    check_nats_credentials,
     check_security,
     credential,
+    nats_options,
     tls_context,
 )
 from jetstream.errors import InvalidDatastreamConfig, InvalidStreamConfig, OffsetOutOfRange
@@ -57,7 +62,7 @@ if TYPE_CHECKING:
     from jetstream.client.types import StreamInfo
 
 SOURCE_SETTINGS = ("stream", "brokers", "start", *SECURITY_SETTINGS)
-DESTINATION_SETTINGS = ("stream", "brokers", *SECURITY_SETTINGS)
+DESTINATION_SETTINGS = ("stream", "brokers", *SECURITY_SETTINGS, *NATS_CREDENTIAL_SETTINGS)
 SOURCE_HEADER = "Jetstream-Source"
 SOURCE_OFFSET_HEADER = "Jetstream-Source-Offset"
 SOURCE_MSG_ID_HEADER = "Jetstream-Source-Msg-Id"
@@ -76,6 +81,7 @@ def _check_stream(settings: Mapping[str, Any], where: str) -> None:
         raise InvalidDatastreamConfig(str(exc), field=f"{where}.stream") from None
     setting_str(settings, "brokers", where)
     check_security(settings, where, token_is_user_secret=True)
+    check_nats_credentials(settings, where)
 
 
 async def _connect(settings: Mapping[str, Any], endpoints: Endpoints, client_id: str) -> Client:
@@ -83,6 +89,7 @@ async def _connect(settings: Mapping[str, Any], endpoints: Endpoints, client_id:
 
     brokers = settings.get("brokers") or endpoints.local_brokers
     return await connect(brokers, client_id=client_id, tls=tls_context(settings, "settings"),
+                         nats_options=nats_options(settings),
                          user=credential(settings, "user"),
                          password=credential(settings, "password"),
                          token=credential(settings, "token")).start()

@@ -28,8 +28,10 @@ from jetstream.errors import InvalidDatastreamConfig, TlsConfigError
 TLS_SETTINGS = ("tls_ca", "tls_cert", "tls_key")
 CREDENTIAL_SETTINGS = ("user", "password", "token")
 SECURITY_SETTINGS = TLS_SETTINGS + CREDENTIAL_SETTINGS
+#: A `jetstream` endpoint publishes through the other cluster's NATS: its credentials there.
+NATS_CREDENTIAL_SETTINGS = ("nats_user", "nats_password", "nats_token")
 #: Settings whose values are secrets: never shown, logged or put in an error.
-SECRET_SETTINGS = frozenset({"password", "token"})
+SECRET_SETTINGS = frozenset({"password", "token", "nats_password", "nats_token"})
 #: Settings that are URLs (or comma-separated lists of them) and may carry a password.
 URL_SETTINGS = frozenset({"url", "brokers"})
 REDACTED = "<redacted>"
@@ -58,6 +60,25 @@ def check_security(settings: Mapping[str, Any], where: str, *,
         raise InvalidDatastreamConfig(f"{where}.token must be 'user:secret'",
                                       field=f"{where}.token")
     tls_context(settings, where)
+
+
+def check_nats_credentials(settings: Mapping[str, Any], where: str) -> None:
+    """Raise InvalidDatastreamConfig for NATS credentials no connection could use."""
+    user, password, token = (setting_str(settings, name, where)
+                             for name in NATS_CREDENTIAL_SETTINGS)
+    if token and (user or password):
+        raise InvalidDatastreamConfig(f"{where}: give nats_token or nats_user and "
+                                      f"nats_password, not both", field=f"{where}.nats_token")
+    if bool(user) != bool(password):
+        missing = "nats_password" if user else "nats_user"
+        raise InvalidDatastreamConfig(f"{where}.nats_user and {where}.nats_password go "
+                                      f"together", field=f"{where}.{missing}")
+
+
+def nats_options(settings: Mapping[str, Any]) -> dict[str, str]:
+    """nats-py `connect` options from the NATS credential settings (the ones given)."""
+    return {name.removeprefix("nats_"): str(settings[name])
+            for name in NATS_CREDENTIAL_SETTINGS if settings.get(name)}
 
 
 def _user_secret(token: str) -> bool:

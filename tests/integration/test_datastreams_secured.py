@@ -1,4 +1,5 @@
-"""A datastream into a cluster with mutual TLS, authentication and ACLs on: with a wrong
+"""A datastream into a cluster with mutual TLS, authentication and ACLs on (and a NATS that
+wants a password): with a wrong
 password its task is faulty with a clear error (and no secret shows in the API, diagnostics,
 /health or the log); recreated with the right one, the destination equals the source. A
 NATS JetStream source that requires TLS client certificates and a password."""
@@ -25,6 +26,8 @@ from tests.pki import Leaf, Pki, broker_tls_args
 
 WRONG = "Wr0ng-pa55word"
 MIRROR_USER = "alice"
+#: The second cluster's nats-server wants a user too: its broker's, and the mirror's.
+NATS_USERS = {"broker": "nats-broker-s3cret", "mirror": "nats-mirror-s3cret"}
 
 
 @dataclass(frozen=True)
@@ -42,16 +45,20 @@ class Secured:
         return {"type": "jetstream", "settings": {
             "brokers": f"jetstreams://{self.broker.address}", "stream": "orders",
             "tls_ca": self.pki.ca, "tls_cert": self.client.cert, "tls_key": self.client.key,
-            "user": MIRROR_USER, "password": password}}
+            "user": MIRROR_USER, "password": password,
+            "nats_user": "mirror", "nats_password": NATS_USERS["mirror"]}}
 
 
 @pytest.fixture
 def secured_remote(tmp_path: Path, pki: Pki) -> Iterator[Secured]:
-    """A second cluster with its own nats-server, mutual TLS, authentication and ACLs."""
+    """A second cluster with mutual TLS, authentication and ACLs, and its own nats-server
+    that wants a user and password."""
     leaf = pki.leaf("broker-b")
-    with NatsServer(tmp_path / "nats-b") as nats:
-        process = BrokerProcess(tmp_path / "broker-b", nats.url,
-                                extra_args=(*broker_tls_args(pki, leaf), *secured_args()))
+    users = [{"user": name, "password": password} for name, password in NATS_USERS.items()]
+    with NatsServer(tmp_path / "nats-b", config={"authorization": {"users": users}}) as nats:
+        process = BrokerProcess(tmp_path / "broker-b", nats.url, extra_args=(
+            *broker_tls_args(pki, leaf), *secured_args(), "--nats-user", "broker",
+            "--nats-password", NATS_USERS["broker"]))
         try:
             yield Secured(process.start(), pki, pki.leaf("mirror"))
         finally:
@@ -84,7 +91,7 @@ async def test_mirror_into_a_secured_cluster(broker: BrokerProcess,
             shown = [(await http.get(path)).text for path in (
                 "/datastreams", "/datastreams/orders-dr", "/diagnostics/datastreams/orders-dr",
                 "/health", "/metrics")]
-        assert all(WRONG not in text for text in shown)
+        assert all(WRONG not in text and NATS_USERS["mirror"] not in text for text in shown)
         assert '"password":"<redacted>"' in shown[1].replace(" ", "")
         assert 'jetstream_datastream_errors_total{datastream="orders-dr"}' in shown[4]
         assert (await admin.fetch("orders", 0, 0, max_wait_ms=0)).messages == []
@@ -107,6 +114,7 @@ async def test_mirror_into_a_secured_cluster(broker: BrokerProcess,
         assert "last_error" not in str(await eventually(running, "the tasks running"))
     log = broker.log_path.read_text(errors="replace")
     assert "faulty" in log and WRONG not in log and PASSWORDS[MIRROR_USER] not in log
+    assert NATS_USERS["mirror"] not in log
 
 
 async def test_nats_source_with_tls_and_a_password(tmp_path: Path, pki: Pki,

@@ -46,12 +46,26 @@ def test_good_security_settings_pass(pki: Pki) -> None:
     ({"token": "no-colon"}, "source.settings.token"),
     ({"user": 7, "password": SECRET}, "source.settings.user"),
     ({"tls_ca": "/nonexistent/ca.pem"}, "source.settings.tls_ca"),
+    ({"nats_user": "m", "nats_password": SECRET}, "source.settings.nats_password"),  # unknown
 ])
 def test_bad_security_settings_name_the_setting(source: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidDatastreamConfig) as info:
         registry.check(mirror(source, {}))
     assert info.value.fields["field"] == field
     assert SECRET not in str(info.value)
+
+
+@pytest.mark.parametrize(("destination", "field"), [
+    ({"nats_user": "m"}, "destination.settings.nats_password"),
+    ({"nats_password": SECRET}, "destination.settings.nats_user"),
+    ({"nats_token": SECRET, "nats_user": "m", "nats_password": SECRET},
+     "destination.settings.nats_token"),
+])
+def test_bad_nats_credentials_name_the_setting(destination: dict[str, object],
+                                               field: str) -> None:
+    with pytest.raises(InvalidDatastreamConfig) as info:
+        registry.check(mirror({}, destination))
+    assert info.value.fields["field"] == field
 
 
 def test_unreadable_certificate_names_the_destination_setting(pki: Pki,
@@ -65,11 +79,14 @@ def test_unreadable_certificate_names_the_destination_setting(pki: Pki,
 
 def test_secrets_never_shown() -> None:
     config = mirror({"user": "alice", "password": SECRET},
-                    {"brokers": f"nats://bob:{SECRET}@127.0.0.1:1", "token": f"bob:{SECRET}"})
+                    {"brokers": f"nats://bob:{SECRET}@127.0.0.1:1", "token": f"bob:{SECRET}",
+                     "nats_user": "m", "nats_password": SECRET + "-nats"})
+    registry.check(config)
     shown = config.shown()
     assert shown["source"]["settings"]["password"] == REDACTED
     assert shown["source"]["settings"]["user"] == "alice"
     assert shown["destination"]["settings"]["token"] == REDACTED
+    assert shown["destination"]["settings"]["nats_password"] == REDACTED
     assert shown["destination"]["settings"]["brokers"] == f"nats://bob:{REDACTED}@127.0.0.1:1"
     for text in (str(shown), repr(config), repr(CreateDatastream(config))):
         assert SECRET not in text
