@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from jetstream.client.publisher import BatchItem, Stamp
+from jetstream.client.publisher import ExpectingItem
 from jetstream.client.types import PublishMessage
 from jetstream.errors import (
     AckTimeout,
@@ -47,10 +47,10 @@ class Sender(Protocol):
     def target_subject(self, subject: str, key: bytes | None,
                        partition: int | None) -> str: ...
 
-    async def publish_stamped(self, items: Sequence[tuple[BatchItem, Stamp]],
-                              ack_policy: AckPolicy | str | None, window: int,
-                              timeout: float) -> tuple[list[Ack | None],
-                                                       JetstreamError | None]: ...
+    async def publish_expecting(self, items: Iterable[ExpectingItem], *,
+                                ack_policy: AckPolicy | str | None = None,
+                                window: int = 1000, timeout: float = ...
+                                ) -> tuple[list[Ack | None], JetstreamError | None]: ...
 
     async def publish_to(self, target: str, value: bytes | None, key: bytes | None,
                          headers: Mapping[str, bytes] | None,
@@ -120,7 +120,7 @@ class IdempotentProducer:
         if ack_policy is not None and AckPolicy(ack_policy) is AckPolicy.NONE:
             raise ProtocolError("an idempotent publish waits for its ack: not ack_policy none",
                                 field="ack_policy")
-        items: list[tuple[BatchItem, Stamp]] = []
+        items: list[ExpectingItem] = []
         for message in messages:
             target = self._publishing.target_subject(message.subject, message.key,
                                                      message.partition)
@@ -128,13 +128,14 @@ class IdempotentProducer:
             self._sequences[target] = sequence + 1
             value = None if message.value is None else bytes(message.value)
             items.append(((target, value, message.key, message.headers),
-                          (self.producer_id, self.epoch, sequence)))
+                          {"producer": (self.producer_id, self.epoch, sequence)}))
         acks: list[Ack | None] = [None] * len(items)
         pending = list(range(len(items)))
         deadline = time.monotonic() + timeout
         for attempt in range(1 << 30):
-            got, error = await self._publishing.publish_stamped(
-                [items[i] for i in pending], ack_policy, window, attempt_timeout)
+            got, error = await self._publishing.publish_expecting(
+                [items[i] for i in pending],
+                ack_policy=ack_policy, window=window, timeout=attempt_timeout)
             for i, ack in zip(pending, got, strict=False):
                 acks[i] = ack
             pending = [i for i in pending if acks[i] is None]

@@ -59,9 +59,10 @@ YIELD_EVERY = 64
 BatchItem = tuple[str, bytes | None, bytes | None, Mapping[str, bytes] | None]
 #: An idempotent producer's stamp of one message: producer id, epoch, sequence.
 Stamp = tuple[str, int, int]
-#: A batch item with its envelope's expectation fields (msg_id, producer, ...).
-ExpectingItem = tuple[str, bytes | None, bytes | None, Mapping[str, bytes] | None,
-                      Mapping[str, Any]]
+#: A batch item with its envelope's expectation fields: `msg_id`, `producer` (a Stamp),
+#: `expected_offset`, `expected_last_offset_for_key`, `check_registers`, ...
+ExpectingItem = tuple[BatchItem, Mapping[str, Any]]
+_NO_EXPECT: Mapping[str, Any] = {}
 
 
 @dataclass(slots=True)
@@ -88,12 +89,6 @@ class _Batch:
         self.acks[index] = outcome
         if self.outstanding <= self.wake_at:
             self.wake.set()
-
-    def all_acks(self) -> list[Ack]:
-        """The acks in publish order, once every message is acked."""
-        acks = [ack for ack in self.acks if ack is not None]
-        assert len(acks) == len(self.acks), "a batch settled without errors has every ack"
-        return acks
 
 
 _Waiter = asyncio.Future[Ack] | tuple[_Batch, int]
@@ -159,36 +154,41 @@ class Publisher:
         except MaxPayloadError:
             raise RecordTooLarge(len(payload), self._nc.max_payload) from None
 
-    async def publish_batch(self, items: Iterable[BatchItem | ExpectingItem],
+    async def publish_batch(self, items: Iterable[BatchItem],
                             ack_policy: AckPolicy | str | None,
                             window: int, timeout_s: float) -> list[Ack]:
         if window < 1:
             raise ProtocolError(f"window must be at least 1, got {window}", field="window")
         if _no_ack(ack_policy):
             for i, item in enumerate(items):
-                await self.send_unacked(*item[:4], **_expect(item))
+                await self.send_unacked(*item)
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)
             return []
+        acks, error = await self.publish_expecting(
+            ((item, _NO_EXPECT) for item in items), ack_policy, window, timeout_s)
+        if error is not None:
+            raise error
+        return _all_acks(acks)
+
+    async def publish_expecting(self, items: Iterable[ExpectingItem],
+                                ack_policy: AckPolicy | str | None, window: int,
+                                timeout_s: float
+                                ) -> tuple[list[Ack | None], JetstreamError | None]:
+        """`publish_batch` of messages that each carry their envelope's expectation fields
+        (an idempotent producer's stamp, a msg id, an expected offset, ...), sent in order on
+        this one connection, so a partition's leader judges them in that order. Returns what
+        each message got (None: no ack) and the first error (AckTimeout too) instead of
+        raising it; after an error nothing more is sent."""
+        if window < 1:
+            raise ProtocolError(f"window must be at least 1, got {window}", field="window")
         batch = await self._send_batch(iter(items), ack_policy, window, timeout_s)
         if batch.error is not None:
             batch.error.add_note(f"message {batch.error_index} of the batch, on subject "
                                  f"{batch.subjects[batch.error_index]!r}")
-            raise batch.error
-        return batch.all_acks()
-
-    async def publish_stamped(self, items: Iterable[tuple[BatchItem, Stamp]],
-                              ack_policy: AckPolicy | str | None, window: int,
-                              timeout_s: float) -> tuple[list[Ack | None], JetstreamError | None]:
-        """`publish_batch` of messages that each carry an idempotent producer's stamp
-        (jetstream.client.idempotent): what each got (None: no ack) and the first error
-        (AckTimeout too), instead of raising it."""
-        batch = await self._send_batch(
-            ((*item, {"producer": stamp}) for item, stamp in items), ack_policy, window,
-            timeout_s)
         return batch.acks, batch.error
 
-    async def _send_batch(self, items: Iterator[BatchItem | ExpectingItem],
+    async def _send_batch(self, items: Iterator[ExpectingItem],
                           ack_policy: AckPolicy | str | None, window: int,
                           timeout_s: float) -> _Batch:
         """Send `items` with at most `window` un-acked; the batch once every ack came or one
@@ -197,15 +197,14 @@ class Publisher:
         inbox = f"{self.inbox_prefix}.b{next(self._batch_ids)}"
         ids: list[str] = []
         try:
-            for item in items:
-                subject, value, key, headers = item[:4]
+            for (subject, value, key, headers), expect in items:
                 if batch.outstanding >= window:
                     await self._wait(batch, window - 1, timeout_s)
                 if batch.error is not None:
                     break
                 correlation_id = str(next(self._ids))
                 payload = encode_envelope(value, key, headers, inbox, correlation_id,
-                                          ack_policy, batch_ack=True, **_expect(item))
+                                          ack_policy, batch_ack=True, **expect)
                 self._waiters[correlation_id] = (batch, len(batch.acks))
                 ids.append(correlation_id)
                 batch.subjects.append(subject)
@@ -289,8 +288,11 @@ def _settle(waiter: _Waiter, outcome: Ack | JetstreamError) -> None:
             waiter.set_result(outcome)
 
 
-def _expect(item: BatchItem | ExpectingItem) -> Mapping[str, Any]:
-    return item[4] if len(item) > 4 else {}
+def _all_acks(acks: list[Ack | None]) -> list[Ack]:
+    """The acks in publish order, once every message is acked."""
+    got = [ack for ack in acks if ack is not None]
+    assert len(got) == len(acks), "a batch settled without errors has every ack"
+    return got
 
 
 def _no_ack(ack_policy: AckPolicy | str | None) -> bool:

@@ -15,7 +15,7 @@ reaches the metadata through the client's router.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import nats
@@ -23,7 +23,7 @@ from nats.aio.client import Client as NatsClient
 
 from jetstream.client.idempotent import IdempotentProducer
 from jetstream.client.partitioner import Partitioner
-from jetstream.client.publisher import BatchItem, Publisher, Stamp
+from jetstream.client.publisher import BatchItem, ExpectingItem, Publisher
 from jetstream.client.routing import Router
 from jetstream.client.types import Ack, PublishMessage
 from jetstream.errors import BrokerUnavailable, JetstreamError, ProtocolError
@@ -113,14 +113,20 @@ class Publishing:
         return await publisher.publish(target, data, key, headers, ack_policy, timeout,
                                        **expect)
 
-    async def publish_stamped(self, items: Sequence[tuple[BatchItem, Stamp]],
-                              ack_policy: AckPolicy | str | None, window: int,
-                              timeout: float) -> tuple[list[Ack | None], JetstreamError | None]:
-        """Messages to partition subjects, each with an idempotent producer's stamp
-        (IdempotentProducer.publish_batch): each one's ack or None, and the first error."""
+    async def publish_expecting(self, items: Iterable[ExpectingItem], *,
+                                ack_policy: AckPolicy | str | None = None,
+                                window: int = 1000, timeout: float = PUBLISH_TIMEOUT_S
+                                ) -> tuple[list[Ack | None], JetstreamError | None]:
+        """Messages to partition subjects (`target_subject`), each with its envelope's
+        expectation fields (`msg_id`, `producer` as (id, epoch, sequence),
+        `expected_offset`, `expected_last_offset_for_key`, `check_registers`,
+        `union_registers`, `subtract_registers`), up to `window` un-acked, sent in order on
+        one connection so a partition's leader judges them in that order: each one's ack
+        (None: not acknowledged) and the first error (AckTimeout too), returned, not raised;
+        nothing after the error is sent. Used by idempotent producers and datastreams."""
         publisher = await self._ensure_publisher()
         self._router.refresh_in_background()
-        return await publisher.publish_stamped(items, ack_policy, window, timeout)
+        return await publisher.publish_expecting(items, ack_policy, window, timeout)
 
     def idempotent_producer(self, producer_id: str | None = None,
                             epoch: int = 0) -> IdempotentProducer:
@@ -148,18 +154,6 @@ class Publishing:
         self._router.refresh_in_background()
         items = (self._batch_item(message) for message in messages)
         return await publisher.publish_batch(items, ack_policy, window, timeout)
-
-    async def publish_batch_expecting(
-        self, messages: Iterable[tuple[PublishMessage, Mapping[str, Any]]], *,
-        window: int = 1000, timeout: float = PUBLISH_TIMEOUT_S) -> list[Ack]:
-        """`publish_batch` where each message carries its expectation fields (`msg_id`,
-        `producer` as (id, epoch, sequence), ...: the envelope's), sent in order on one
-        connection, so a partition's leader judges them in this order. Raises the first
-        error an ack carries; nothing after it is sent."""
-        publisher = await self._ensure_publisher()
-        self._router.refresh_in_background()
-        items = ((*self._batch_item(message), dict(expect)) for message, expect in messages)
-        return await publisher.publish_batch(items, None, window, timeout)
 
     def _batch_item(self, message: PublishMessage | tuple[str, bytes]) -> BatchItem:
         if isinstance(message, tuple):

@@ -88,8 +88,17 @@ class RenewTaskEpoch:
     expected_epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class DrainTasks:
+    """A stopping broker has stopped its tasks (`draining`): the coordinator assigns it none
+    and moves those it had at once. Proposed again with `draining` False when it starts."""
+
+    broker: int
+    draining: bool
+
+
 DatastreamCommand = (CreateDatastream | DeleteDatastream | PauseDatastream | AssignTasks
-                     | RenewTaskEpoch)
+                     | RenewTaskEpoch | DrainTasks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +171,17 @@ def apply_renew(datastreams: Datastreams, command: RenewTaskEpoch,
     return renewed
 
 
+def apply_drain(draining: dict[int, int], command: DrainTasks, version: int) -> bool:
+    """Mark or unmark a draining broker (value: the version that marked it); whether this
+    changed anything."""
+    if command.draining:
+        if command.broker in draining:
+            return False
+        draining[command.broker] = version
+        return True
+    return draining.pop(command.broker, None) is not None
+
+
 def _check_tasks(command: AssignTasks) -> None:
     """Bugs, not input: the coordinator builds these. Every source partition in exactly one
     task, task ids 0..n-1."""
@@ -198,6 +218,8 @@ def encode(command: DatastreamCommand) -> dict[str, Any]:
         case RenewTaskEpoch(name=name, task=task, broker=broker, expected_epoch=epoch):
             return {"type": "RenewTaskEpoch", "name": name, "task": task, "broker": broker,
                     "expected_epoch": epoch}
+        case DrainTasks(broker=broker, draining=draining):
+            return {"type": "DrainTasks", "broker": broker, "draining": draining}
     raise TypeError(f"not a datastream command: {command!r}")
 
 
@@ -218,4 +240,6 @@ def decode(data: Mapping[str, Any]) -> DatastreamCommand | None:
     if kind == "RenewTaskEpoch":
         return RenewTaskEpoch(data["name"], int(data["task"]), int(data["broker"]),
                               int(data["expected_epoch"]))
+    if kind == "DrainTasks":
+        return DrainTasks(int(data["broker"]), bool(data["draining"]))
     return None

@@ -28,6 +28,11 @@ class SourceRecord:
     headers: Mapping[str, bytes] = field(default_factory=dict)
     timestamp_ms: int = 0
 
+    def size_bytes(self) -> int:
+        """What the record carries: key, value, header names and values (bytes metrics)."""
+        return len(self.value or b"") + len(self.key or b"") + sum(
+            len(name.encode()) + len(value) for name, value in self.headers.items())
+
 
 @dataclass(frozen=True, slots=True)
 class SourceBatch:

@@ -7,7 +7,9 @@ brokers (this one and those whose metadata Raft connection is up, as failover do
 with the pure planner (jetstream.datastreams.planner) and proposes `AssignTasks` for each
 datastream whose plan differs from its tasks. The proposal is compare-and-set on the
 datastream's generation, so a plan made on stale state is refused and made again next tick.
-A broker that dies drops out of the live set and its tasks move at the next tick; a source
+A broker that dies drops out of the live set and its tasks move at the next tick, and so do
+those of a broker that stops (it marks itself draining in the metadata first: `DrainTasks`,
+jetstream.datastreams.runner); a source
 that grows partitions gets them split into tasks at the next ask. A source that cannot be
 asked keeps its last known count.
 """
@@ -26,6 +28,7 @@ from jetstream.datastreams.commands import AssignTasks
 from jetstream.datastreams.connector import Endpoints, SourceReader
 from jetstream.datastreams.model import DatastreamState
 from jetstream.datastreams.planner import PlanInput, changed, plan
+from jetstream.datastreams.security import scrub, secret_values
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
 
@@ -50,6 +53,8 @@ class Coordinator:
         self._readers: dict[tuple[str, int], SourceReader] = {}
         self._loop: asyncio.Task[None] | None = None
         self.proposals = 0
+        #: Per datastream: committed assignments that changed its tasks (the first included).
+        self.rebalances: dict[str, int] = {}
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop().create_task(self._run(), name="datastreams")
@@ -80,7 +85,8 @@ class Coordinator:
         for ds in datastreams:
             count = await self._source_partitions(ds)
             inputs.append(PlanInput(ds.name, count, ds.config.max_tasks, ds.tasks))
-        planned = plan(inputs, self._live())
+        draining = self._state().datastream_draining
+        planned = plan(inputs, tuple(b for b in self._live() if b not in draining))
         for ds, wanted in zip(datastreams, inputs, strict=True):
             tasks = planned[ds.name]
             if wanted.source_partitions == ds.source_partitions and not changed(ds.tasks, tasks):
@@ -93,6 +99,9 @@ class Coordinator:
                                                 wanted.source_partitions, tasks))
             except JetstreamError as exc:  # stale or unavailable: plan again next tick
                 log.info("datastream %s: assignment not committed: %s", ds.name, exc)
+                continue
+            if changed(ds.tasks, tasks):
+                self.rebalances[ds.name] = self.rebalances.get(ds.name, 0) + 1
 
     async def _source_partitions(self, ds: DatastreamState) -> int:
         key = (ds.name, ds.created_version)
@@ -111,10 +120,20 @@ class Coordinator:
             count = await asyncio.wait_for(reader.partitions(), ASK_TIMEOUT_S)
         except (JetstreamError, OSError, TimeoutError) as exc:
             log.warning("datastream %s: source partitions unknown (%s); keeping %d", ds.name,
-                        exc, count)
+                        scrub(str(exc), secret_values(ds.config.source.settings)), count)
             await self._close_readers({key})
         self._partitions[key] = (count, now)
         return count
+
+    def render_metrics(self) -> list[str]:
+        """Prometheus lines of this broker's time as the coordinator."""
+        lines = [("# HELP jetstream_datastream_rebalances_total Task assignments the "
+                  "coordinator changed (tasks moved, split or added), counted on the metadata "
+                  "leader that made them."),
+                 "# TYPE jetstream_datastream_rebalances_total counter"]
+        lines += [f'jetstream_datastream_rebalances_total{{datastream="{name}"}} {count}'
+                  for name, count in sorted(self.rebalances.items())]
+        return lines
 
     async def _close_readers(self, keys: set[tuple[str, int]]) -> None:
         for key in keys:

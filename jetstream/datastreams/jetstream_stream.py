@@ -8,7 +8,12 @@ keeps checkpoints as the committed offsets of the datastream's consumer group
 offset to read, and it never moves backwards (OFFSET_BEHIND_COMMITTED refuses that), so an
 older owner cannot undo a newer one's progress.
 
-Destination settings: `stream` (required), `brokers` (default this cluster). Each record
+Destination settings: `stream` (required), `brokers` (default this cluster). Both take the
+settings that secure the connection to another cluster (jetstream.datastreams.security):
+`tls_ca`, `tls_cert`, `tls_key`, and `user` with `password` or a `token` (`user:secret`);
+a `tls://` NATS URL the brokers report uses the same TLS context. A destination publishes
+through the other cluster's NATS: `nats_user` with `nats_password`, or `nats_token`, are its
+credentials there. Each record
 keeps its key, value and headers and gains `Jetstream-Source` (`<stream>/<partition>`) and
 `Jetstream-Source-Offset`; the headers a leader writes itself (`Nats-Msg-Id`,
 `Jetstream-Producer`, `Jetstream-Registers`) are not copied (a source message id is kept as
@@ -29,7 +34,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jetstream.client.types import PublishMessage
+from jetstream.client.publisher import ExpectingItem
 from jetstream.datastreams.connector import (
     Endpoints,
     SourceBatch,
@@ -37,6 +42,15 @@ from jetstream.datastreams.connector import (
     WriterContext,
     check_known,
     setting_str,
+)
+from jetstream.datastreams.security import (
+    NATS_CREDENTIAL_SETTINGS,
+    SECURITY_SETTINGS,
+    check_nats_credentials,
+    check_security,
+    credential,
+    nats_options,
+    tls_context,
 )
 from jetstream.errors import InvalidDatastreamConfig, InvalidStreamConfig, OffsetOutOfRange
 from jetstream.idempotence import headers as h
@@ -47,8 +61,8 @@ if TYPE_CHECKING:
     from jetstream.client import Client
     from jetstream.client.types import StreamInfo
 
-SOURCE_SETTINGS = ("stream", "brokers", "start")
-DESTINATION_SETTINGS = ("stream", "brokers")
+SOURCE_SETTINGS = ("stream", "brokers", "start", *SECURITY_SETTINGS)
+DESTINATION_SETTINGS = ("stream", "brokers", *SECURITY_SETTINGS, *NATS_CREDENTIAL_SETTINGS)
 SOURCE_HEADER = "Jetstream-Source"
 SOURCE_OFFSET_HEADER = "Jetstream-Source-Offset"
 SOURCE_MSG_ID_HEADER = "Jetstream-Source-Msg-Id"
@@ -66,13 +80,19 @@ def _check_stream(settings: Mapping[str, Any], where: str) -> None:
     except InvalidStreamConfig as exc:
         raise InvalidDatastreamConfig(str(exc), field=f"{where}.stream") from None
     setting_str(settings, "brokers", where)
+    check_security(settings, where, token_is_user_secret=True)
+    check_nats_credentials(settings, where)
 
 
 async def _connect(settings: Mapping[str, Any], endpoints: Endpoints, client_id: str) -> Client:
     from jetstream.client import connect
 
     brokers = settings.get("brokers") or endpoints.local_brokers
-    return await connect(brokers, client_id=client_id).start()
+    return await connect(brokers, client_id=client_id, tls=tls_context(settings, "settings"),
+                         nats_options=nats_options(settings),
+                         user=credential(settings, "user"),
+                         password=credential(settings, "password"),
+                         token=credential(settings, "token")).start()
 
 
 class JetstreamSource:
@@ -153,19 +173,21 @@ class StreamWriter:
         info = self._info
         if info is None:
             info = self._info = await self._js.stream_info(self.stream)
-        messages = [self._message(record, info) for record in records]
+        items = [self._item(record, info) for record in records]
         # One ordered pipeline: each producer's sequences reach the leader in order, so a
         # record lost on the way makes the ones after it refused (OUT_OF_ORDER_SEQUENCE),
         # never stored out of order. Any error ends this writer (the task takes a new epoch).
         try:
-            await self._js.publish_batch_expecting(
-                messages, window=self._context.in_flight_max, timeout=WRITE_TIMEOUT_S)
+            _, error = await self._js.publish_expecting(
+                items, window=self._context.in_flight_max, timeout=WRITE_TIMEOUT_S)
         except BaseException:
             self._info = None  # the stream may have changed: describe it again next time
             raise
+        if error is not None:
+            self._info = None
+            raise error
 
-    def _message(self, record: SourceRecord, info: StreamInfo
-                 ) -> tuple[PublishMessage, dict[str, Any]]:
+    def _item(self, record: SourceRecord, info: StreamInfo) -> ExpectingItem:
         context = self._context
         count = info.partition_count
         if context.partition_mapping == "key_hash" and record.key is not None:
@@ -182,7 +204,7 @@ class StreamWriter:
         sequence = self._sequences.get((record.partition, target), 0)
         self._sequences[(record.partition, target)] = sequence + 1
         producer = (f"ds.{context.datastream}.{record.partition}", context.epoch, sequence)
-        return (PublishMessage(info.subject, record.value, record.key, headers, partition),
+        return ((target, record.value, record.key, headers),
                 {"msg_id": f"{context.datastream}/{record.partition}/{record.position}",
                  "producer": producer})
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from jetstream.datastreams.security import redacted
 from jetstream.errors import InvalidDatastreamConfig, InvalidStreamConfig
 from jetstream.protocol.names import check_labels
 
@@ -86,6 +87,13 @@ class Endpoint:
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "settings": dict(self.settings)}
 
+    def shown(self) -> dict[str, Any]:
+        """`to_dict` with the secrets of its settings redacted: for APIs, logs, errors."""
+        return {"type": self.type, "settings": redacted(self.settings)}
+
+    def __repr__(self) -> str:
+        return f"Endpoint(type={self.type!r}, settings={redacted(self.settings)!r})"
+
     @classmethod
     def from_dict(cls, data: object, what: str) -> Endpoint:
         if isinstance(data, str):
@@ -139,8 +147,14 @@ class DatastreamConfig:
         return CHECKPOINT_GROUP_PREFIX + self.name
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source.to_dict(),
-                "destination": self.destination.to_dict(), "max_tasks": self.max_tasks,
+        """Everything, secrets included: for the metadata log and its snapshots only."""
+        return {**self.shown(), "source": self.source.to_dict(),
+                "destination": self.destination.to_dict()}
+
+    def shown(self) -> dict[str, Any]:
+        """The definition as APIs show it: the endpoints' secrets redacted."""
+        return {"name": self.name, "source": self.source.shown(),
+                "destination": self.destination.shown(), "max_tasks": self.max_tasks,
                 "batch_records_max": self.batch_records_max,
                 "in_flight_max": self.in_flight_max,
                 "partition_mapping": self.partition_mapping.value, "labels": dict(self.labels)}

@@ -3,8 +3,11 @@ migration path into Jetstream without a flag day (nats-py).
 
 Settings: `url` (required: the NATS server, `nats://host:port`), `stream` (required: the
 NATS JetStream stream), `start` (`earliest`, the default: the stream's first sequence; or
-`latest`: only what comes next). A NATS JetStream stream is one sequence, so the source has
-one partition, 0, and a position is a stream sequence (the next one to read).
+`latest`: only what comes next), and what secures the connection
+(jetstream.datastreams.security): `tls_ca`, `tls_cert`, `tls_key` (a `tls://` URL asks for
+TLS with the system's CAs), `user` with `password`, or a NATS `token`. A NATS JetStream
+stream is one sequence, so the source has one partition, 0, and a position is a stream
+sequence (the next one to read).
 
 Reads go through an ephemeral pull consumer that starts at the position asked for (kept
 while reads follow on from each other, made again when they do not), with no acks: the
@@ -17,6 +20,7 @@ the message's headers plus `Nats-Subject` (the subject it was published on); it 
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +31,15 @@ from jetstream.datastreams.connector import (
     check_known,
     setting_str,
 )
+from jetstream.datastreams.security import (
+    SECURITY_SETTINGS,
+    check_security,
+    credential,
+    redacted,
+    scrub,
+    secret_values,
+    tls_context,
+)
 from jetstream.errors import BrokerUnavailable, InvalidDatastreamConfig
 
 if TYPE_CHECKING:
@@ -34,7 +47,7 @@ if TYPE_CHECKING:
     from nats.js.client import JetStreamContext
     from nats.js.kv import KeyValue
 
-SETTINGS = ("url", "stream", "start")
+SETTINGS = ("url", "stream", "start", *SECURITY_SETTINGS)
 BUCKET = "jetstream_datastreams"
 SUBJECT_HEADER = "Nats-Subject"
 CONNECT_TIMEOUT_S = 5.0
@@ -52,19 +65,33 @@ class NatsJetstreamSource:
                                           field="source.settings.url")
         setting_str(settings, "stream", "source.settings", required=True)
         setting_str(settings, "start", "source.settings", choices=("earliest", "latest"))
+        check_security(settings, "source.settings", token_is_user_secret=False)
 
     async def open(self, settings: Mapping[str, Any], endpoints: Endpoints,
                    client_id: str) -> NatsStreamReader:
         import nats
-        from nats.errors import NoServersError
 
+        url = str(settings["url"])
+        tls = tls_context(settings, "source.settings")
+        if tls is None and url.startswith("tls://"):
+            tls = ssl.create_default_context()
+        options: dict[str, Any] = {"tls": tls} if tls is not None else {}
         try:
-            nc = await nats.connect(str(settings["url"]), name=client_id,
-                                    connect_timeout=CONNECT_TIMEOUT_S, max_reconnect_attempts=0,
-                                    allow_reconnect=False)
-        except (NoServersError, OSError) as exc:
-            raise BrokerUnavailable(str(settings["url"]), f"NATS: {exc}") from None
+            nc = await nats.connect(url, name=client_id, connect_timeout=CONNECT_TIMEOUT_S,
+                                    max_reconnect_attempts=0, allow_reconnect=False,
+                                    error_cb=_quiet, user=credential(settings, "user"),
+                                    password=credential(settings, "password"),
+                                    token=credential(settings, "token"), **options)
+        except Exception as exc:  # nats-py raises several unrelated types
+            where = redacted({"url": url})["url"]
+            raise BrokerUnavailable(where, scrub(f"NATS: {exc!r}", secret_values(settings))
+                                    ) from None
         return NatsStreamReader(nc, str(settings["stream"]), settings.get("start", "earliest"))
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py logs connection errors itself unless given a callback; a failed connect is
+    reported by the exception `open` raises (without secrets)."""
 
 
 class NatsStreamReader:

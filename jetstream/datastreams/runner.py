@@ -19,6 +19,19 @@ as the checkpoint only moves after acknowledged writes, a retry re-reads what ma
 been written (and the destination drops what was: message ids). A paused datastream or
 partition is not read; its task reports `paused` when all of its partitions are.
 
+Hand-off (a broker stopping on SIGTERM, `hand_off`): the runner starts no task any more,
+and each partition loop stops at its next batch boundary — a write under way finishes, is
+acknowledged and checkpointed; records read but not written are dropped (the checkpoint is
+before them, the next owner reads them again). Once every task stopped (or HAND_OFF_S
+passed: the rest are cancelled, as a crash would), it proposes `DrainTasks`: the coordinator
+assigns this broker nothing more and moves its tasks at its next tick, and the runner waits
+(MOVED_WAIT_S in all, the commit included) until the metadata shows none of them here, so
+the new owners start while this broker is still finishing its own shutdown. With no task
+assigned here it changes nothing (a whole cluster stopping may have no quorum left); when
+the metadata cannot commit, the tasks move once this broker is gone, as after a crash. A
+broker that starts again takes its mark off (`DrainTasks(draining=False)`) before it gets
+tasks again.
+
 Statuses, positions and counters live in `TaskRun` for /health, the diagnostics and
 /metrics.
 """
@@ -34,7 +47,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jetstream.datastreams import registry
-from jetstream.datastreams.commands import RenewTaskEpoch, StaleDatastreamGeneration
+from jetstream.datastreams.commands import (
+    DrainTasks,
+    RenewTaskEpoch,
+    StaleDatastreamGeneration,
+)
 from jetstream.datastreams.connector import (
     DestinationWriter,
     Endpoints,
@@ -42,6 +59,7 @@ from jetstream.datastreams.connector import (
     WriterContext,
 )
 from jetstream.datastreams.model import DatastreamState, TaskAssignment, TaskStatus
+from jetstream.datastreams.security import scrub, secret_values
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
 from jetstream.tasks import cancel_and_wait
@@ -54,6 +72,10 @@ PAUSED_POLL_S = 0.2
 BACKOFF_S_MIN = 0.2
 BACKOFF_S_MAX = 10.0
 LAST_ERROR_CHARS_MAX = 500
+#: A stopping broker waits this long for its tasks to finish the batch under way, then for
+#: the coordinator to move them.
+HAND_OFF_S = 4.0
+MOVED_WAIT_S = 3.0
 
 Propose = Callable[[Any], Any]
 
@@ -74,6 +96,8 @@ class PartitionProgress:
     end_position: int = -1
     records_in: int = 0
     records_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
     last_write_ms: int = 0
     #: The source timestamp of the newest record written, and the end it was read against.
     last_record_timestamp_ms: int = 0
@@ -121,7 +145,11 @@ class Runner:
         self.runs: dict[tuple[str, int], TaskRun] = {}
         #: Per datastream: records read, written, and errors (counters for /metrics).
         self.counters: dict[str, dict[str, int]] = {}
+        #: Per datastream and task: bytes read and written (counters for /metrics).
+        self.task_bytes: dict[tuple[str, int], dict[str, int]] = {}
         self._loop: asyncio.Task[None] | None = None
+        #: Set by `hand_off`: partition loops stop at their next batch boundary.
+        self.draining = False
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop().create_task(self._reconcile_loop(),
@@ -132,6 +160,43 @@ class Runner:
         await cancel_and_wait(*(r.runner for r in self.runs.values()))
         self.runs.clear()
 
+    async def hand_off(self) -> None:
+        """Stop every task once its write under way is acknowledged and checkpointed, then
+        have the coordinator move them to other live brokers (see the module doc)."""
+        self.draining = True
+        await cancel_and_wait(self._loop)
+        # A faulty task has nothing under way (it waits to try again): no need to wait.
+        await cancel_and_wait(*(r.runner for r in self.runs.values()
+                                if r.status is TaskStatus.FAULTY))
+        runs = [r.runner for r in self.runs.values()
+                if r.runner is not None and not r.runner.done()]
+        started = time.monotonic()
+        if runs:
+            done, pending = await asyncio.wait(runs, timeout=HAND_OFF_S)
+            await cancel_and_wait(*pending)
+            log.info("datastream tasks: %d stopped at a batch boundary, %d cancelled, in "
+                     "%.2f s", len(done), len(pending), time.monotonic() - started)
+        self.runs.clear()
+        if not self._assigned_here():
+            return  # nothing to move: no metadata change (a cluster stopping has no quorum)
+        deadline = time.monotonic() + MOVED_WAIT_S
+        try:
+            await asyncio.wait_for(self._propose(DrainTasks(self.broker_id, True)),
+                                   MOVED_WAIT_S)
+        except TimeoutError:
+            log.warning("datastream tasks not handed off: the metadata did not commit in "
+                        "%.1f s; they move once this broker is gone", MOVED_WAIT_S)
+            return
+        while self._assigned_here() and time.monotonic() < deadline:
+            await asyncio.sleep(RECONCILE_S / 5)
+        left = self._assigned_here()
+        log.info("datastream tasks handed off in %.2f s%s", time.monotonic() - started,
+                 f" ({left} still assigned here)" if left else "")
+
+    def _assigned_here(self) -> int:
+        return sum(t.broker == self.broker_id for ds in self._state().datastreams.values()
+                   for t in ds.tasks)
+
     async def _reconcile_loop(self) -> None:
         while True:
             try:
@@ -141,6 +206,8 @@ class Runner:
             await asyncio.sleep(RECONCILE_S)
 
     async def reconcile(self) -> None:
+        if self.broker_id in self._state().datastream_draining and not self.draining:
+            await self._propose(DrainTasks(self.broker_id, False))  # started again
         wanted: dict[tuple[str, int], TaskAssignment] = {}
         for ds in self._state().datastreams.values():
             for t in ds.tasks:
@@ -155,7 +222,7 @@ class Runner:
                 del self.runs[key]
                 await cancel_and_wait(run.runner)
         for key, assigned in wanted.items():
-            if key not in self.runs:
+            if key not in self.runs and not self.draining:
                 run = self.runs[key] = TaskRun(key[0], key[1], assigned.epoch,
                                                assigned.partitions)
                 run.runner = asyncio.get_running_loop().create_task(
@@ -168,6 +235,11 @@ class Runner:
         if ds is None:
             raise TaskMoved(f"datastream {name!r} was deleted")
         return ds
+
+    def _secrets(self, name: str) -> list[str]:
+        ds = self._state().datastreams.get(name)
+        return [] if ds is None else secret_values(ds.config.source.settings,
+                                                   ds.config.destination.settings)
 
     def _check_owner(self, run: TaskRun) -> DatastreamState:
         ds = self._datastream(run.name)
@@ -207,12 +279,14 @@ class Runner:
                 async with asyncio.TaskGroup() as group:
                     for p in run.partitions:
                         group.create_task(self._partition(run, p, reader, writer))
+                return  # the partition loops only return when the broker hands off
             except Exception as failed:
                 error = _first(failed)
-                if isinstance(error, TaskMoved | StaleDatastreamGeneration):
+                if self.draining or isinstance(error, TaskMoved | StaleDatastreamGeneration):
                     return
                 run.status, run.errors = TaskStatus.FAULTY, run.errors + 1
-                run.last_error = f"{type(error).__name__}: {error}"[:LAST_ERROR_CHARS_MAX]
+                run.last_error = scrub(f"{type(error).__name__}: {error}",
+                                       self._secrets(run.name))[:LAST_ERROR_CHARS_MAX]
                 self._count(run.name, "errors", 1)
                 log.warning("datastream %s task %d faulty (retry in %.1f s): %s", run.name,
                             run.task, backoff, run.last_error)
@@ -233,7 +307,7 @@ class Runner:
             checkpoint = await reader.start_position(partition)
             await reader.commit(group, partition, checkpoint)
         position = progress.position = progress.checkpoint = checkpoint
-        while True:
+        while not self.draining:
             ds = self._check_owner(run)
             progress.paused = ds.partition_paused(partition)
             if progress.paused:
@@ -242,14 +316,21 @@ class Runner:
                 continue
             batch = await reader.read(partition, position, ds.config.batch_records_max,
                                       READ_WAIT_MS)
+            if self.draining:
+                return  # read, not written: the next owner reads it again
             progress.end_position = batch.end_position
             count = len(batch.records)
+            size = sum(record.size_bytes() for record in batch.records)
             progress.records_in += count
+            progress.bytes_in += size
             self._count(run.name, "records_in", count)
+            self._count_bytes(run, "bytes_in", size)
             self._check_owner(run)  # no write after the task moved (its epoch fences too)
             await writer.write(batch.records)  # also with none: a writer may roll by time
             if count:
                 progress.records_out += count
+                progress.bytes_out += size
+                self._count_bytes(run, "bytes_out", size)
                 progress.last_write_ms = int(time.time() * 1000)
                 progress.last_record_timestamp_ms = batch.records[-1].timestamp_ms
                 self._count(run.name, "records_out", count)
@@ -270,6 +351,11 @@ class Runner:
                                                    "errors": 0})
         counters[counter] += value
 
+    def _count_bytes(self, run: TaskRun, counter: str, value: int) -> None:
+        counters = self.task_bytes.setdefault((run.name, run.task),
+                                              {"bytes_in": 0, "bytes_out": 0})
+        counters[counter] += value
+
     # -- views ----------------------------------------------------------------------------
 
     def describe(self, name: str | None = None) -> list[dict[str, Any]]:
@@ -287,6 +373,7 @@ class Runner:
                  "checkpoint": pr.checkpoint, "lag_records": pr.lag_records(),
                  "lag_ms": pr.lag_ms(now_ms),
                  "records_in": pr.records_in, "records_out": pr.records_out,
+                 "bytes_in": pr.bytes_in, "bytes_out": pr.bytes_out,
                  "last_write_ms": pr.last_write_ms, "paused": pr.paused}
                 for p, pr in sorted(run.progress.items())]
             out.append(described)
@@ -301,6 +388,13 @@ class Runner:
                       f"# TYPE jetstream_datastream_{name}_total counter"]
             lines += [f'jetstream_datastream_{name}_total{{datastream="{ds}"}} {c[name]}'
                       for ds, c in sorted(self.counters.items())]
+        bytes_texts = (("bytes_in", "Bytes (keys, values, headers) read from sources."),
+                       ("bytes_out", "Bytes (keys, values, headers) destinations acknowledged."))
+        for name, text in bytes_texts:
+            lines += [f"# HELP jetstream_datastream_{name}_total {text}",
+                      f"# TYPE jetstream_datastream_{name}_total counter"]
+            lines += [f'jetstream_datastream_{name}_total{{datastream="{ds}",task="{task}"}} '
+                      f"{c[name]}" for (ds, task), c in sorted(self.task_bytes.items())]
         lines += [("# HELP jetstream_datastream_lag_records Records of a source partition "
                    "not yet written, as of the last read."),
                   "# TYPE jetstream_datastream_lag_records gauge"]

@@ -11,6 +11,7 @@ leader) and the runner (tasks here) start and stop with the service.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,8 @@ from jetstream.datastreams.runner import Runner
 from jetstream.errors import JetstreamError, UnknownDatastream
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.fsm import MetadataState
+
+log = logging.getLogger(__name__)
 
 DIAGNOSTICS_TIMEOUT_S = 5.0
 
@@ -63,7 +66,14 @@ class DatastreamService:
         self.coordinator.start()
         self.runner.start()
 
-    async def stop(self) -> None:
+    async def stop(self, *, hand_off: bool = False) -> None:
+        """Stop; with `hand_off` (a broker stopping alone) first hand the tasks it runs to
+        other live brokers (Runner.hand_off)."""
+        if hand_off:
+            try:
+                await self.runner.hand_off()
+            except JetstreamError as exc:  # no metadata: they move once this broker is gone
+                log.warning("datastream tasks not handed off: %s", exc)
         await self.coordinator.stop()
         await self.runner.stop()
 
@@ -106,7 +116,7 @@ class DatastreamService:
         return state
 
     def describe(self, state: DatastreamState) -> dict[str, Any]:
-        return {**state.config.to_dict(), "status": _status(state),
+        return {**state.config.shown(), "status": _status(state),
                 "paused": state.paused, "paused_partitions": list(state.paused_partitions),
                 "source_partitions": state.source_partitions,
                 "tasks": [{**t.to_dict(), "status": TaskStatus.UNASSIGNED.value}
@@ -162,7 +172,7 @@ class DatastreamService:
                 "tasks": self.runner.describe()}
 
     def render_metrics(self) -> list[str]:
-        return self.runner.render_metrics()
+        return self.runner.render_metrics() + self.coordinator.render_metrics()
 
 
 def _status(state: DatastreamState) -> str:

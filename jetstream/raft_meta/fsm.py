@@ -138,7 +138,7 @@ Command = (RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeL
             | ChangeLeaders | ChangeIsrs | AddAcls | RemoveAcls
             # Datastreams' commands (jetstream.datastreams.commands).
             | ds.CreateDatastream | ds.DeleteDatastream | ds.PauseDatastream | ds.AssignTasks
-            | ds.RenewTaskEpoch)
+            | ds.RenewTaskEpoch | ds.DrainTasks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +167,8 @@ class MetadataState:
         self.acl_version = 0
         #: Datastreams by name (jetstream.datastreams.commands).
         self.datastreams: dict[str, DatastreamState] = {}
+        #: Brokers that stopped their datastream tasks to stop (value: the version then).
+        self.datastream_draining: dict[int, int] = {}
 
     def apply(self, command: Command) -> Any:
         """Apply one command; raises a JetstreamError (state unchanged) when it is refused."""
@@ -282,6 +284,9 @@ class MetadataState:
     def _apply_RenewTaskEpoch(self, command: ds.RenewTaskEpoch) -> TaskAssignment:
         return ds.apply_renew(self.datastreams, command, self.version)
 
+    def _apply_DrainTasks(self, command: ds.DrainTasks) -> bool:
+        return ds.apply_drain(self.datastream_draining, command, self.version)
+
     @staticmethod
     def _item(handler: Any, item: ChangeLeader | ChangeIsr) -> ItemOutcome:
         """One item of a batch: its handler refuses it (state unchanged) or applies it."""
@@ -342,6 +347,7 @@ class MetadataState:
             "acls": [[e.to_dict(), added] for e, added in self.acls.items()],
             "acl_version": self.acl_version,
             "datastreams": [d.to_dict() for d in self.datastreams.values()],
+            "datastream_draining": [[b, v] for b, v in self.datastream_draining.items()],
         }
 
     @classmethod
@@ -362,6 +368,8 @@ class MetadataState:
         for d in data.get("datastreams", ()):  # absent in states written before them
             datastream = DatastreamState.from_dict(d)
             state.datastreams[datastream.name] = datastream
+        for broker, version in data.get("datastream_draining", ()):
+            state.datastream_draining[int(broker)] = int(version)
         return state
 
 

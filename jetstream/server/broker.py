@@ -339,7 +339,7 @@ class Broker:
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / READY_FILE).unlink()
         if self._datastreams is not None:
-            await self._datastreams.stop()
+            await self._datastreams.stop(hand_off=hand_over)
         roles = self._roles
         if self._cluster is not None and roles is not None and roles.enabled and hand_over:
             await self._cluster.hand_over(sorted(roles.leaders))

@@ -157,14 +157,14 @@ async def test_an_idempotent_batch_across_a_leader_kill_no_duplicates_no_gaps(
             [PublishMessage(SUBJECT, b"b%d" % n) for n in range(MESSAGES // 4)], window=50)
         assert [a.offset for a in first] == list(range(MESSAGES // 4))
         rounds = 0
-        send = js.publish_stamped
+        send = js.publish_expecting
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
             nonlocal rounds
             rounds += 1
             return await send(*args, **kwargs)
 
-        js.publish_stamped = counted  # type: ignore[method-assign]
+        js.publish_expecting = counted  # type: ignore[method-assign]
         rest = [PublishMessage(SUBJECT, b"b%d" % n) for n in range(MESSAGES // 4, MESSAGES)]
         batch = asyncio.create_task(producer.publish_batch(
             rest, window=50, timeout=DEADLINE_S, attempt_timeout=1.0))
