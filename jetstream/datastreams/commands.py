@@ -26,6 +26,7 @@ from jetstream.datastreams.model import (
     TaskAssignment,
     check_partitions,
 )
+from jetstream.datastreams.updates import check_fixed
 from jetstream.errors import (
     DatastreamExists,
     InvalidDatastreamConfig,
@@ -88,8 +89,16 @@ class RenewTaskEpoch:
     expected_epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class UpdateDatastreams:
+    """New definitions of existing datastreams, all applied or none (a batch update is one
+    command). Tasks of a changed datastream restart with it: each takes a new epoch."""
+
+    configs: tuple[DatastreamConfig, ...]
+
+
 DatastreamCommand = (CreateDatastream | DeleteDatastream | PauseDatastream | AssignTasks
-                     | RenewTaskEpoch)
+                     | RenewTaskEpoch | UpdateDatastreams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +130,25 @@ def apply_delete(datastreams: Datastreams, command: DeleteDatastream) -> Datastr
     if state is None:
         raise UnknownDatastream(command.name)
     return state
+
+
+def apply_update(datastreams: Datastreams, command: UpdateDatastreams,
+                 version: int) -> tuple[DatastreamState, ...]:
+    """Every datastream must exist and keep its fixed fields, or nothing changes. A changed
+    one moves to the next generation (a plan made before is stale) and its tasks take
+    `version` as their epoch, so the brokers running them stop them and start them again
+    with the new definition."""
+    current = [_get(datastreams, config.name) for config in command.configs]
+    for state, config in zip(current, command.configs, strict=True):
+        check_fixed(state.config, config)
+    updated = []
+    for state, config in zip(current, command.configs, strict=True):
+        if state.config != config:
+            state = datastreams[config.name] = replace(
+                state, config=config, generation=state.generation + 1,
+                tasks=tuple(replace(t, epoch=version) for t in state.tasks))
+        updated.append(state)
+    return tuple(updated)
 
 
 def apply_pause(datastreams: Datastreams, command: PauseDatastream) -> DatastreamState:
@@ -198,6 +226,8 @@ def encode(command: DatastreamCommand) -> dict[str, Any]:
         case RenewTaskEpoch(name=name, task=task, broker=broker, expected_epoch=epoch):
             return {"type": "RenewTaskEpoch", "name": name, "task": task, "broker": broker,
                     "expected_epoch": epoch}
+        case UpdateDatastreams(configs=configs):
+            return {"type": "UpdateDatastreams", "configs": [c.to_dict() for c in configs]}
     raise TypeError(f"not a datastream command: {command!r}")
 
 
@@ -218,4 +248,6 @@ def decode(data: Mapping[str, Any]) -> DatastreamCommand | None:
     if kind == "RenewTaskEpoch":
         return RenewTaskEpoch(data["name"], int(data["task"]), int(data["broker"]),
                               int(data["expected_epoch"]))
+    if kind == "UpdateDatastreams":
+        return UpdateDatastreams(tuple(DatastreamConfig.from_dict(c) for c in data["configs"]))
     return None

@@ -24,7 +24,7 @@ from typing import Any
 from jetstream.datastreams import registry
 from jetstream.datastreams.commands import AssignTasks
 from jetstream.datastreams.connector import Endpoints, SourceReader
-from jetstream.datastreams.model import DatastreamState
+from jetstream.datastreams.model import DatastreamState, Endpoint
 from jetstream.datastreams.planner import PlanInput, changed, plan
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
@@ -48,6 +48,8 @@ class Coordinator:
         #: Per datastream (name, created version): source partitions and when they were asked.
         self._partitions: dict[tuple[str, int], tuple[int, float]] = {}
         self._readers: dict[tuple[str, int], SourceReader] = {}
+        #: The source each reader was opened for (an update may rotate its settings).
+        self._opened_for: dict[tuple[str, int], Endpoint] = {}
         self._loop: asyncio.Task[None] | None = None
         self.proposals = 0
 
@@ -101,9 +103,12 @@ class Coordinator:
         if known is not None and now - known[1] < PARTITIONS_REFRESH_S:
             return known[0]
         count = known[0] if known is not None else ds.source_partitions
+        if self._opened_for.get(key, ds.config.source) != ds.config.source:
+            await self._close_readers({key})  # updated settings: ask the source anew
         try:
             reader = self._readers.get(key)
             if reader is None:
+                self._opened_for[key] = ds.config.source
                 reader = self._readers[key] = await asyncio.wait_for(
                     registry.source(ds.config.source.type).open(
                         ds.config.source.settings, self._endpoints(),
@@ -119,6 +124,7 @@ class Coordinator:
     async def _close_readers(self, keys: set[tuple[str, int]]) -> None:
         for key in keys:
             reader = self._readers.pop(key, None)
+            self._opened_for.pop(key, None)
             self._partitions.pop(key, None)
             if reader is not None:
                 with contextlib.suppress(Exception):

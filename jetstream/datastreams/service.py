@@ -21,6 +21,7 @@ from jetstream.datastreams.commands import (
     DatastreamCreated,
     DeleteDatastream,
     PauseDatastream,
+    UpdateDatastreams,
 )
 from jetstream.datastreams.connector import Endpoints
 from jetstream.datastreams.coordinator import Coordinator
@@ -32,6 +33,7 @@ from jetstream.datastreams.model import (
     check_partitions,
 )
 from jetstream.datastreams.runner import Runner
+from jetstream.datastreams.updates import batch_names, batch_updates, merged
 from jetstream.errors import JetstreamError, UnknownDatastream
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.fsm import MetadataState
@@ -78,6 +80,11 @@ class DatastreamService:
                 self.describe(d) for _, d in sorted(self._state().datastreams.items())]})
         if action == "tasks":
             return m.DatastreamResponse({"tasks": self.runner.describe(request.name or None)})
+        if action == "batch_get":
+            return m.DatastreamResponse(self.batch_get(batch_names(request.body)))
+        if action == "batch_update":
+            return m.DatastreamResponse({"datastreams": await self.update(
+                batch_updates(request.body))})
         name = check_name(request.name)
         if action == "get":
             return m.DatastreamResponse(self.describe(self._get(name)))
@@ -90,6 +97,9 @@ class DatastreamService:
             state = await self._metadata.propose(
                 PauseDatastream(name, action == "pause", partitions))
             return m.DatastreamResponse(self.describe(state))
+        if action == "update":
+            [updated] = await self.update([{**request.body, "name": name}])
+            return m.DatastreamResponse(updated)
         assert action == "diagnostics", action
         return m.DatastreamResponse(await self.diagnostics(name))
 
@@ -98,6 +108,30 @@ class DatastreamService:
         registry.check(config)
         created: DatastreamCreated = await self._metadata.propose(CreateDatastream(config))
         return {**self.describe(created.state), "created": not created.existed}
+
+    async def update(self, updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Apply every update or none: each is merged into its current definition and
+        checked (fixed fields, connector settings) before one command is proposed."""
+        configs = []
+        for changes in updates:
+            config = merged(self._get(str(changes["name"])).config, changes)
+            registry.check(config)
+            configs.append(config)
+        states = await self._metadata.propose(UpdateDatastreams(tuple(configs)))
+        return [self.describe(state) for state in states]
+
+    def batch_get(self, names: list[str]) -> dict[str, Any]:
+        """The named datastreams' descriptions; an unknown name is reported in `errors`
+        (name -> {code, message}) instead of failing the others."""
+        found, errors = [], {}
+        for name in names:
+            state = self._state().datastreams.get(name)
+            if state is None:
+                error = UnknownDatastream(name)
+                errors[name] = {"code": error.code, "message": str(error)}
+            else:
+                found.append(self.describe(state))
+        return {"datastreams": found, "errors": errors}
 
     def _get(self, name: str) -> DatastreamState:
         state = self._state().datastreams.get(name)

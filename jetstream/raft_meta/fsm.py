@@ -138,7 +138,7 @@ Command = (RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeL
             | ChangeLeaders | ChangeIsrs | AddAcls | RemoveAcls
             # Datastreams' commands (jetstream.datastreams.commands).
             | ds.CreateDatastream | ds.DeleteDatastream | ds.PauseDatastream | ds.AssignTasks
-            | ds.RenewTaskEpoch)
+            | ds.RenewTaskEpoch | ds.UpdateDatastreams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +281,10 @@ class MetadataState:
 
     def _apply_RenewTaskEpoch(self, command: ds.RenewTaskEpoch) -> TaskAssignment:
         return ds.apply_renew(self.datastreams, command, self.version)
+
+    def _apply_UpdateDatastreams(self, command: ds.UpdateDatastreams
+                                 ) -> tuple[DatastreamState, ...]:
+        return ds.apply_update(self.datastreams, command, self.version)
 
     @staticmethod
     def _item(handler: Any, item: ChangeLeader | ChangeIsr) -> ItemOutcome:

@@ -217,6 +217,80 @@ async def test_mirror_pause_resume(broker: BrokerProcess, remote: BrokerProcess)
             assert len(health["datastreams"]["tasks"]) == 2
 
 
+async def test_update_rotates_settings_and_batches(broker: BrokerProcess,
+                                                   remote: BrokerProcess) -> None:
+    """A datastream created with a wrong source broker list runs once an update rotates it;
+    updates restart its tasks (new epochs) and it goes on mirroring exactly once; fixed
+    fields are refused; batch get reports unknown names; batch update is all or none."""
+    async with jetstream.connect(broker.address) as source, \
+            jetstream.connect(remote.address) as destination:
+        await source.create_stream("orders", "orders", partitions=2)
+        await destination.create_stream("orders", "orders", partitions=2)
+        await publish(source, 0, 100)
+        wrong = {"type": "jetstream", "settings": {"brokers": "127.0.0.1:1",
+                                                   "stream": "orders"}}
+        definition = mirror_of(broker)
+        await destination.create_datastream("orders-dr", wrong, definition["destination"],
+                                            max_tasks=2)
+        await destination.create_datastream("idle", wrong, {"type": "jetstream", "settings": {
+            "stream": "idle"}})
+        updated = await destination.update_datastream(
+            "orders-dr", source={"settings": {"brokers": broker.address}})
+        assert updated["source"]["settings"] == definition["source"]["settings"]
+        await assert_mirrored(source, destination, [50, 50])
+
+        async with httpx.AsyncClient(base_url=remote.http_url) as http:
+            before = (await http.get("/datastreams/orders-dr")).json()["tasks"]
+            answer = await http.patch("/datastreams/orders-dr", json={
+                "batch_records_max": 7, "labels": {"env": "prod"}})
+            assert answer.status_code == 200, answer.text
+            patched = answer.json()
+            assert (patched["batch_records_max"], patched["labels"]) == (7, {"env": "prod"})
+            assert [t["epoch"] for t in patched["tasks"]] > [t["epoch"] for t in before]
+            refused = await http.patch("/datastreams/orders-dr", json={
+                "destination": {"settings": {"stream": "elsewhere"}}})
+            assert refused.status_code == 400
+            assert refused.json()["error"]["code"] == "INVALID_DATASTREAM_CONFIG"
+            assert refused.json()["error"]["field"] == "destination.settings.stream"
+            missing = await http.patch("/datastreams/nope", json={"max_tasks": 2})
+            assert missing.status_code == 404
+            got = (await http.post("/datastreams/batch/get",
+                                   json={"names": ["orders-dr", "nope"]})).json()
+            assert [d["name"] for d in got["datastreams"]] == ["orders-dr"]
+            assert got["errors"]["nope"]["code"] == "UNKNOWN_DATASTREAM"
+            all_or_none = await http.post("/datastreams/batch/update", json={"datastreams": [
+                {"name": "idle", "max_tasks": 3}, {"name": "nope", "max_tasks": 3}]})
+            assert all_or_none.status_code == 404
+            assert (await destination.describe_datastream("idle"))["max_tasks"] == 1
+            answer = await http.post("/datastreams/batch/update", json={"datastreams": [
+                {"name": "idle", "max_tasks": 3}, {"name": "orders-dr", "in_flight_max": 5}]})
+            assert answer.status_code == 200, answer.text
+            assert [(d["name"], d["max_tasks"], d["in_flight_max"])
+                    for d in answer.json()["datastreams"]] == [("idle", 3, 1000),
+                                                               ("orders-dr", 2, 5)]
+
+        # The restarted tasks go on from their checkpoints: nothing lost, nothing twice.
+        await publish(source, 100, 100)
+        await assert_mirrored(source, destination, [100, 100])
+        updated = await asyncio.to_thread(
+            cli_json, remote.address, "datastreams", "update", "orders-dr", "--max-tasks", "1",
+            "--source", "start=latest", "--remove-source", "start", "--label", "tier=dr")
+        assert (updated["max_tasks"], updated["labels"]) == (1, {"tier": "dr"})
+        assert updated["source"]["settings"] == definition["source"]["settings"]
+        with pytest.raises(InvalidDatastreamConfig) as fixed:
+            await destination.update_datastream("orders-dr", partition_mapping="key_hash")
+        assert fixed.value.fields["field"] == "partition_mapping"
+
+        async def one_task() -> bool | None:
+            found = await destination.datastream_diagnostics("orders-dr")
+            return True if len(found["tasks"]) == 1 and found["tasks"][0]["status"] == \
+                "running" else None
+
+        await eventually(one_task, "one task after max_tasks=1")
+        await publish(source, 200, 100)
+        await assert_mirrored(source, destination, [150, 150])
+
+
 async def test_parquet_sink_equals_the_stream_across_a_crash(tmp_path: Path,
                                                               broker: BrokerProcess) -> None:
     import pyarrow.parquet as pq
