@@ -14,6 +14,7 @@ from jetstream.datastreams.connector import DestinationTransport, SourceConnecto
 from jetstream.datastreams.jetstream_stream import JetstreamDestination, JetstreamSource
 from jetstream.datastreams.model import DatastreamConfig
 from jetstream.datastreams.nats_jetstream import NatsJetstreamSource
+from jetstream.datastreams.nats_subject import NatsSubjectDestination
 from jetstream.datastreams.parquet_sink import ParquetSink
 from jetstream.errors import UnknownConnector
 
@@ -24,6 +25,7 @@ SOURCES: Mapping[str, SourceConnector] = {
 DESTINATIONS: Mapping[str, DestinationTransport] = {
     "jetstream": JetstreamDestination(),
     "parquet": ParquetSink(),
+    "nats_subject": NatsSubjectDestination(),
 }
 
 

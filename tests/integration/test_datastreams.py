@@ -100,7 +100,8 @@ async def test_management_and_errors(broker: BrokerProcess, js: Client) -> None:
         assert (await http.delete("/datastreams/z")).status_code == 204
         health = (await http.get("/health")).json()
         assert health["datastreams"]["connectors"] == {
-            "sources": ["jetstream", "nats_jetstream"], "destinations": ["jetstream", "parquet"]}
+            "sources": ["jetstream", "nats_jetstream"],
+            "destinations": ["jetstream", "nats_subject", "parquet"]}
 
     listed = await asyncio.to_thread(cli_json, broker.address, "datastreams", "list")
     assert [d["name"] for d in listed["datastreams"]] == ["orders-dr"]
@@ -371,5 +372,67 @@ async def test_nats_jetstream_migration_equals_the_source(tmp_path: Path,
                 return True if entry.value == b"151" else None
 
             await eventually(checkpointed, "the checkpoint in the source's key-value bucket")
+        finally:
+            await nc.close()
+
+
+async def test_nats_subject_republishes_at_least_once(tmp_path: Path,
+                                                      broker: BrokerProcess) -> None:
+    """Every record is republished to its subject with its headers and source; across a
+    SIGKILL of the broker none is lost, and a NATS JetStream stream capturing the subjects
+    drops the repeats (Nats-Msg-Id)."""
+    import nats
+
+    with NatsServer(tmp_path / "nats-out", jetstream=True) as out_server:
+        nc = await nats.connect(out_server.url)
+        try:
+            njs = nc.jetstream()
+            await njs.add_stream(name="REPUB", subjects=["repub.>"])
+            seen: set[tuple[int, int]] = set()
+
+            async def received(msg: Any) -> None:
+                seen.add((int(msg.headers["Jetstream-Source"].split("/")[1]),
+                          int(msg.headers["Jetstream-Source-Offset"])))
+
+            await nc.subscribe("repub.>", cb=received)
+            async with jetstream.connect(broker.address) as js:
+                await js.create_stream("orders", "orders", partitions=2)
+                await publish(js, 0, 200)
+                await js.create_datastream(
+                    "orders-out", {"type": "jetstream", "settings": {"stream": "orders"}},
+                    {"type": "nats_subject", "settings": {
+                        "url": out_server.url, "subject": "repub.{stream}.{partition}.{key}"}},
+                    max_tasks=2, batch_records_max=30)
+
+                async def stored(count: int) -> bool | None:
+                    info = await njs.stream_info("REPUB")
+                    return True if info.state.messages >= count else None
+
+                await eventually(lambda: stored(200), "200 records republished")
+            broker.restart(sig=9)  # SIGKILL
+            async with jetstream.connect(broker.address) as js:
+                await publish(js, 200, 100)
+                await eventually(lambda: stored(300), "300 records republished")
+
+                async def checkpointed() -> bool | None:
+                    offsets = [await js.fetch_offset("__datastream_orders-out", "orders", p)
+                               for p in (0, 1)]
+                    return True if offsets == [150, 150] else None
+
+                await eventually(checkpointed, "checkpoints after the server's flush")
+                await eventually(lambda: stored(300), "nothing more")
+                assert (await njs.stream_info("REPUB")).state.messages == 300  # no repeats
+                copies = [await njs.get_msg("REPUB", seq) for seq in range(1, 301)]
+                by_source = {(int(c.headers["Jetstream-Source"].split("/")[1]),
+                              int(c.headers["Jetstream-Source-Offset"])): c for c in copies}
+                for p in (0, 1):
+                    original = await read_all(js, "orders", p, 150)
+                    for m in original:
+                        copy = by_source[(p, m.offset)]
+                        assert copy.subject == f"repub.orders.{p}.{m.key.decode()}"
+                        assert (copy.data, copy.headers["n"], copy.headers["Jetstream-Key"]) \
+                            == (m.value, m.headers["n"].decode(), m.key.decode())
+                        assert copy.headers["Nats-Msg-Id"] == f"orders-out/{p}/{m.offset}"
+            assert seen >= {(p, o) for p in (0, 1) for o in range(150)}  # core: at least once
         finally:
             await nc.close()
