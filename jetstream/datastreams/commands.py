@@ -25,6 +25,7 @@ from jetstream.datastreams.model import (
     DatastreamState,
     TaskAssignment,
     check_partitions,
+    layout_from,
 )
 from jetstream.datastreams.updates import check_fixed
 from jetstream.errors import (
@@ -69,13 +70,15 @@ class PauseDatastream:
 
 @dataclass(frozen=True, slots=True)
 class AssignTasks:
-    """The coordinator's plan for one datastream: its source partition count and tasks."""
+    """The coordinator's plan for one datastream: its source partition count and tasks (and
+    for a label-selector source the layout those partitions come from)."""
 
     name: str
     expected_generation: int
     created_version: int
     source_partitions: int
     tasks: tuple[TaskAssignment, ...]
+    source_streams: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,9 @@ def apply_assign(datastreams: Datastreams, command: AssignTasks,
         raise StaleDatastreamGeneration(command.name, command.expected_generation,
                                         state.generation)
     _check_tasks(command)
-    before = {t.task: t for t in state.tasks}
+    # A new layout renumbers the partitions: every task starts again on it.
+    before = {t.task: t for t in state.tasks} \
+        if command.source_streams == state.source_streams else {}
     tasks = []
     for task in command.tasks:
         old = before.get(task.task)
@@ -173,7 +178,7 @@ def apply_assign(datastreams: Datastreams, command: AssignTasks,
         tasks.append(replace(task, epoch=old.epoch if same and old is not None else version))
     new = datastreams[command.name] = replace(
         state, source_partitions=command.source_partitions, tasks=tuple(tasks),
-        generation=state.generation + 1)
+        generation=state.generation + 1, source_streams=command.source_streams)
     return new
 
 
@@ -222,7 +227,8 @@ def encode(command: DatastreamCommand) -> dict[str, Any]:
                     "expected_generation": command.expected_generation,
                     "created_version": command.created_version,
                     "source_partitions": command.source_partitions,
-                    "tasks": [t.to_dict() for t in command.tasks]}
+                    "tasks": [t.to_dict() for t in command.tasks],
+                    "source_streams": [list(s) for s in command.source_streams]}
         case RenewTaskEpoch(name=name, task=task, broker=broker, expected_epoch=epoch):
             return {"type": "RenewTaskEpoch", "name": name, "task": task, "broker": broker,
                     "expected_epoch": epoch}
@@ -244,7 +250,8 @@ def decode(data: Mapping[str, Any]) -> DatastreamCommand | None:
     if kind == "AssignTasks":
         return AssignTasks(data["name"], int(data["expected_generation"]),
                            int(data["created_version"]), int(data["source_partitions"]),
-                           tuple(TaskAssignment.from_dict(t) for t in data["tasks"]))
+                           tuple(TaskAssignment.from_dict(t) for t in data["tasks"]),
+                           layout_from(data.get("source_streams", ())))
     if kind == "RenewTaskEpoch":
         return RenewTaskEpoch(data["name"], int(data["task"]), int(data["broker"]),
                               int(data["expected_epoch"]))

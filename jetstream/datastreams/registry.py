@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from jetstream.datastreams import selector
 from jetstream.datastreams.connector import DestinationTransport, SourceConnector
 from jetstream.datastreams.jetstream_stream import JetstreamDestination, JetstreamSource
 from jetstream.datastreams.model import DatastreamConfig
@@ -46,5 +47,7 @@ def destination(name: str) -> DestinationTransport:
 def check(config: DatastreamConfig) -> None:
     """Raise UnknownConnector or InvalidDatastreamConfig for a definition no broker could
     run."""
+    if selector.is_selector(config):
+        config = selector.check(config)
     source(config.source.type).check(config.source.settings)
     destination(config.destination.type).check(config.destination.settings)

@@ -33,6 +33,7 @@ from jetstream.datastreams.model import (
     check_partitions,
 )
 from jetstream.datastreams.runner import Runner
+from jetstream.datastreams.selector import is_selector
 from jetstream.datastreams.updates import batch_names, batch_updates, merged
 from jetstream.errors import JetstreamError, UnknownDatastream
 from jetstream.protocol import messages as m
@@ -143,6 +144,8 @@ class DatastreamService:
         return {**state.config.to_dict(), "status": _status(state),
                 "paused": state.paused, "paused_partitions": list(state.paused_partitions),
                 "source_partitions": state.source_partitions,
+                **({"source_streams": [list(s) for s in state.source_streams]}
+                   if is_selector(state.config) else {}),
                 "tasks": [{**t.to_dict(), "status": TaskStatus.UNASSIGNED.value}
                           if t.broker is None else t.to_dict() for t in state.tasks]}
 

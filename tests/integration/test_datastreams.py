@@ -436,3 +436,66 @@ async def test_nats_subject_republishes_at_least_once(tmp_path: Path,
             assert seen >= {(p, o) for p in (0, 1) for o in range(150)}  # core: at least once
         finally:
             await nc.close()
+
+
+async def test_selector_mirrors_every_matching_stream(broker: BrokerProcess,
+                                                      remote: BrokerProcess) -> None:
+    """Two matching streams and one that does not match, then a third matching stream
+    created later: each matching one lands in its own `mirror-<stream>`, the other nowhere;
+    a deleted stream leaves the layout."""
+    shop = {"app": "shop", "env": "prod"}
+
+    async def fill(js: Client, name: str, partitions: int, first: int, count: int) -> None:
+        await js.publish_batch([PublishMessage(
+            name, b"%s %d" % (name.encode(), i), key=b"k%d" % i, headers={"n": str(i).encode()},
+            partition=i % partitions) for i in range(first, first + count)])
+
+    async def mirrored(source: Client, destination: Client, name: str, partitions: int,
+                       per_partition: int) -> None:
+        for p in range(partitions):
+            original = await read_all(source, name, p, per_partition)
+            copied = await read_all(destination, f"mirror-{name}", p, per_partition)
+            assert [(m.key, m.value, m.headers["n"]) for m in copied] == \
+                [(m.key, m.value, m.headers["n"]) for m in original]
+            assert {m.headers["Jetstream-Source"] for m in copied} == {f"{name}/{p}".encode()}
+
+    async with jetstream.connect(broker.address) as source, \
+            jetstream.connect(remote.address) as destination:
+        for name, partitions, labels in (("orders", 2, shop), ("carts", 1, shop),
+                                         ("audit", 1, {"app": "shop", "env": "dev"})):
+            await source.create_stream(name, name, partitions=partitions, labels=labels)
+            await destination.create_stream(f"mirror-{name}", f"mirror.{name}",
+                                            partitions=partitions)
+            await fill(source, name, partitions, 0, 40)
+        await destination.create_stream("mirror-payments", "mirror.payments", partitions=2)
+        await destination.create_datastream(
+            "shop-dr", {"type": "jetstream", "settings": {
+                "brokers": broker.address, "selector": "app=shop,env in (prod)"}},
+            {"type": "jetstream", "settings": {"stream": "mirror-{stream}"}}, max_tasks=2,
+            batch_records_max=15)
+        await mirrored(source, destination, "orders", 2, 20)
+        await mirrored(source, destination, "carts", 1, 40)
+        described = await destination.describe_datastream("shop-dr")
+        assert described["source_streams"] == [["carts", 1], ["orders", 2]]
+        assert len(described["tasks"]) == 2
+
+        await source.create_stream("payments", "payments", partitions=2, labels=shop)
+        await fill(source, "payments", 2, 0, 30)
+        await fill(source, "orders", 2, 40, 20)
+        await mirrored(source, destination, "payments", 2, 15)
+        await mirrored(source, destination, "orders", 2, 30)
+        await mirrored(source, destination, "carts", 1, 40)
+        for name, count in (("orders", 30), ("carts", 40), ("payments", 15)):
+            more = await destination.fetch(f"mirror-{name}", 0, count, max_wait_ms=200)
+            assert more.messages == [], f"duplicates in mirror-{name}"
+        assert (await destination.fetch("mirror-audit", 0, 0, max_wait_ms=200)).messages == []
+
+        await source.delete_stream("carts")
+
+        async def without_carts() -> list[list[Any]] | None:
+            found = (await destination.describe_datastream("shop-dr"))["source_streams"]
+            return found if found == [["orders", 2], ["payments", 2]] else None
+
+        await eventually(without_carts, "the deleted stream leaves the layout")
+        await fill(source, "payments", 2, 30, 10)
+        await mirrored(source, destination, "payments", 2, 20)
