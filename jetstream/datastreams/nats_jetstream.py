@@ -42,28 +42,38 @@ CONNECT_TIMEOUT_S = 5.0
 FETCH_RECORDS_MAX = 1000
 
 
+def check_url(settings: Mapping[str, Any], where: str) -> None:
+    """The `url` setting of a NATS connector (`where`: source.settings, ...): required, a
+    `nats://` or `tls://` URL."""
+    url = setting_str(settings, "url", where, required=True)
+    assert url is not None
+    if not url.startswith(("nats://", "tls://")):
+        raise InvalidDatastreamConfig(f"{where}.url must be a nats:// URL", field=f"{where}.url")
+
+
+async def connect_nats(url: str, client_id: str) -> Nats:
+    """A NATS connection that does not reconnect (a task that loses it fails and retries
+    from its checkpoint). Raises BrokerUnavailable."""
+    import nats
+    from nats.errors import NoServersError
+
+    try:
+        return await nats.connect(url, name=client_id, connect_timeout=CONNECT_TIMEOUT_S,
+                                  max_reconnect_attempts=0, allow_reconnect=False)
+    except (NoServersError, OSError) as exc:
+        raise BrokerUnavailable(url, f"NATS: {exc}") from None
+
+
 class NatsJetstreamSource:
     def check(self, settings: Mapping[str, Any]) -> None:
         check_known(settings, SETTINGS, "source.settings")
-        url = setting_str(settings, "url", "source.settings", required=True)
-        assert url is not None
-        if not url.startswith(("nats://", "tls://")):
-            raise InvalidDatastreamConfig("source.settings.url must be a nats:// URL",
-                                          field="source.settings.url")
+        check_url(settings, "source.settings")
         setting_str(settings, "stream", "source.settings", required=True)
         setting_str(settings, "start", "source.settings", choices=("earliest", "latest"))
 
     async def open(self, settings: Mapping[str, Any], endpoints: Endpoints,
                    client_id: str) -> NatsStreamReader:
-        import nats
-        from nats.errors import NoServersError
-
-        try:
-            nc = await nats.connect(str(settings["url"]), name=client_id,
-                                    connect_timeout=CONNECT_TIMEOUT_S, max_reconnect_attempts=0,
-                                    allow_reconnect=False)
-        except (NoServersError, OSError) as exc:
-            raise BrokerUnavailable(str(settings["url"]), f"NATS: {exc}") from None
+        nc = await connect_nats(str(settings["url"]), client_id)
         return NatsStreamReader(nc, str(settings["stream"]), settings.get("start", "earliest"))
 
 

@@ -41,7 +41,8 @@ from jetstream.datastreams.jetstream_stream import (
     SOURCE_MSG_ID_HEADER,
     SOURCE_OFFSET_HEADER,
 )
-from jetstream.errors import BrokerUnavailable, InvalidDatastreamConfig
+from jetstream.datastreams.nats_jetstream import check_url, connect_nats
+from jetstream.errors import InvalidDatastreamConfig
 from jetstream.idempotence import headers as h
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ KEY_HEADER = "Jetstream-Key"
 BASE64_SUFFIX = "-Base64"
 PLACEHOLDERS = ("stream", "partition", "key")
 SUBJECT_CHARS_MAX = 256
-CONNECT_TIMEOUT_S = 5.0
 #: How long a batch's flush may wait for the server's answer before the task is faulty.
 FLUSH_TIMEOUT_S = 10
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -121,26 +121,14 @@ def _put(out: dict[str, str], name: str, value: bytes) -> None:
 class NatsSubjectDestination:
     def check(self, settings: Mapping[str, Any]) -> None:
         check_known(settings, SETTINGS, "destination.settings")
-        url = setting_str(settings, "url", "destination.settings", required=True)
-        assert url is not None
-        if not url.startswith(("nats://", "tls://")):
-            raise InvalidDatastreamConfig("destination.settings.url must be a nats:// URL",
-                                          field="destination.settings.url")
+        check_url(settings, "destination.settings")
         subject = setting_str(settings, "subject", "destination.settings", required=True)
         assert subject is not None
         check_template(subject)
 
     async def open(self, settings: Mapping[str, Any], endpoints: Endpoints,
                    context: WriterContext, client_id: str) -> SubjectWriter:
-        import nats
-        from nats.errors import NoServersError
-
-        try:
-            nc = await nats.connect(str(settings["url"]), name=client_id,
-                                    connect_timeout=CONNECT_TIMEOUT_S, max_reconnect_attempts=0,
-                                    allow_reconnect=False)
-        except (NoServersError, OSError) as exc:
-            raise BrokerUnavailable(str(settings["url"]), f"NATS: {exc}") from None
+        nc = await connect_nats(str(settings["url"]), client_id)
         return SubjectWriter(nc, str(settings["subject"]), context)
 
 

@@ -292,24 +292,23 @@ async def test_update_rotates_settings_and_batches(broker: BrokerProcess,
         await assert_mirrored(source, destination, [150, 150])
 
 
-async def test_parquet_sink_equals_the_stream_across_a_crash(tmp_path: Path,
-                                                              broker: BrokerProcess) -> None:
-    import pyarrow.parquet as pq
-
+async def land_in_parquet(broker: BrokerProcess, path: str) -> None:
+    """300 records of `orders` (2 partitions) land in Parquet files at `path`; the broker is
+    SIGKILLed once 150 per partition are in complete files, 100 more are published after its
+    restart and land too."""
     from jetstream.datastreams.parquet_sink import read_manifest
 
-    out = tmp_path / "lake"
     async with jetstream.connect(broker.address) as js:
         await js.create_stream("orders", "orders", partitions=2)
         await publish(js, 0, 300)
         await js.create_datastream(
             "orders-lake", {"type": "jetstream", "settings": {"stream": "orders"}},
-            {"type": "parquet", "settings": {"path": str(out), "file_rows_max": 40,
+            {"type": "parquet", "settings": {"path": path, "file_rows_max": 40,
                                              "roll_ms": 300}}, max_tasks=2,
             batch_records_max=25)
 
         async def filed(count: int) -> bool | None:
-            ends = [read_manifest(out, p) for p in (0, 1)]
+            ends = [read_manifest(path, p) for p in (0, 1)]
             return True if all(e and e[-1]["end_offset"] == count for e in ends) else None
 
         await eventually(lambda: filed(150), "150 rows per partition in complete files")
@@ -317,6 +316,17 @@ async def test_parquet_sink_equals_the_stream_across_a_crash(tmp_path: Path,
     async with jetstream.connect(broker.address) as js:
         await publish(js, 300, 100)
         await eventually(lambda: filed(200), "200 rows per partition after the restart")
+
+
+async def test_parquet_sink_equals_the_stream_across_a_crash(tmp_path: Path,
+                                                              broker: BrokerProcess) -> None:
+    import pyarrow.parquet as pq
+
+    from jetstream.datastreams.parquet_sink import read_manifest
+
+    out = tmp_path / "lake"
+    await land_in_parquet(broker, str(out))
+    async with jetstream.connect(broker.address) as js:
         table = pq.read_table(str(out))
         rows = sorted(table.to_pylist(), key=lambda r: (r["partition"], r["offset"]))
         assert [(r["partition"], r["offset"]) for r in rows] == \
@@ -515,25 +525,8 @@ async def test_parquet_sink_on_s3_equals_the_stream_across_a_crash(
     lake = f"{s3_bucket}/lake"
     process = BrokerProcess(tmp_path / "broker", nats_url)  # with the bucket's environment
     try:
-        process.start()
+        await land_in_parquet(process.start(), lake)
         async with jetstream.connect(process.address) as js:
-            await js.create_stream("orders", "orders", partitions=2)
-            await publish(js, 0, 300)
-            await js.create_datastream(
-                "orders-s3", {"type": "jetstream", "settings": {"stream": "orders"}},
-                {"type": "parquet", "settings": {"path": lake, "file_rows_max": 40,
-                                                 "roll_ms": 300}}, max_tasks=2,
-                batch_records_max=25)
-
-            async def filed(count: int) -> bool | None:
-                ends = [read_manifest(lake, p) for p in (0, 1)]
-                return True if all(e and e[-1]["end_offset"] == count for e in ends) else None
-
-            await eventually(lambda: filed(150), "150 rows per partition in complete files")
-        process.restart(sig=9)  # SIGKILL
-        async with jetstream.connect(process.address) as js:
-            await publish(js, 300, 100)
-            await eventually(lambda: filed(200), "200 rows per partition after the restart")
             store = FragmentStore(lake)
             for p in (0, 1):
                 files = read_manifest(lake, p)
