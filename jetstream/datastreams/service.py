@@ -85,7 +85,7 @@ class DatastreamService:
             return m.DatastreamResponse(self.batch_get(batch_names(request.body)))
         if action == "batch_update":
             return m.DatastreamResponse({"datastreams": await self.update(
-                batch_updates(request.body))})
+                [(u["name"], u) for u in batch_updates(request.body)])})
         name = check_name(request.name)
         if action == "get":
             return m.DatastreamResponse(self.describe(self._get(name)))
@@ -99,7 +99,7 @@ class DatastreamService:
                 PauseDatastream(name, action == "pause", partitions))
             return m.DatastreamResponse(self.describe(state))
         if action == "update":
-            [updated] = await self.update([{**request.body, "name": name}])
+            [updated] = await self.update([(name, request.body)])
             return m.DatastreamResponse(updated)
         assert action == "diagnostics", action
         return m.DatastreamResponse(await self.diagnostics(name))
@@ -110,12 +110,13 @@ class DatastreamService:
         created: DatastreamCreated = await self._metadata.propose(CreateDatastream(config))
         return {**self.describe(created.state), "created": not created.existed}
 
-    async def update(self, updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Apply every update or none: each is merged into its current definition and
-        checked (fixed fields, connector settings) before one command is proposed."""
+    async def update(self, updates: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Apply every update (name, changes) or none: each is merged into its current
+        definition and checked (fixed fields, connector settings) before one command is
+        proposed."""
         configs = []
-        for changes in updates:
-            config = merged(self._get(str(changes["name"])).config, changes)
+        for name, changes in updates:
+            config = merged(self._get(name).config, changes)
             registry.check(config)
             configs.append(config)
         states = await self._metadata.propose(UpdateDatastreams(tuple(configs)))

@@ -253,6 +253,8 @@ async def test_update_rotates_settings_and_batches(broker: BrokerProcess,
             assert refused.status_code == 400
             assert refused.json()["error"]["code"] == "INVALID_DATASTREAM_CONFIG"
             assert refused.json()["error"]["field"] == "destination.settings.stream"
+            renamed = await http.patch("/datastreams/orders-dr", json={"name": "other"})
+            assert renamed.status_code == 400 and renamed.json()["error"]["field"] == "name"
             missing = await http.patch("/datastreams/nope", json={"max_tasks": 2})
             assert missing.status_code == 404
             got = (await http.post("/datastreams/batch/get",
