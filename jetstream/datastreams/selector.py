@@ -33,7 +33,11 @@ from jetstream.datastreams.connector import (
     SourceReader,
     WriterContext,
 )
-from jetstream.datastreams.model import DatastreamConfig, DatastreamState
+from jetstream.datastreams.model import (
+    SOURCE_PARTITIONS_MAX,
+    DatastreamConfig,
+    DatastreamState,
+)
 from jetstream.errors import InvalidDatastreamConfig, InvalidStreamConfig
 from jetstream.protocol.names import Selector, parse_selector
 
@@ -93,9 +97,17 @@ def config_for(config: DatastreamConfig, stream: str) -> DatastreamConfig:
 
 
 def layout_of(streams: Sequence[StreamInfo], selector: Selector) -> Layout:
-    """The matching streams (internal ones never), sorted by name (pure)."""
-    return tuple(sorted((s.name, s.partition_count) for s in streams
-                        if not s.name.startswith("__") and selector(s.labels)))
+    """The matching streams (internal ones never), sorted by name, as many as fit in
+    SOURCE_PARTITIONS_MAX partitions (the rest are left out) (pure)."""
+    layout: list[tuple[str, int]] = []
+    total = 0
+    for name, count in sorted((s.name, s.partition_count) for s in streams
+                              if not s.name.startswith("__") and selector(s.labels)):
+        if total + count > SOURCE_PARTITIONS_MAX:
+            break
+        layout.append((name, count))
+        total += count
+    return tuple(layout)
 
 
 def resolve(layout: Layout, partition: int) -> tuple[str, int]:

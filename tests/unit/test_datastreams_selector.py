@@ -67,6 +67,9 @@ def test_layout_partitions_and_per_stream_definitions() -> None:
         ("carts", 0), ("carts", 1), ("carts", 2), ("orders", 0), ("orders", 1)]
     with pytest.raises(IndexError):
         resolve(layout, 5)
+    many = [stream(f"s{i:04d}", 100, app="shop", env="prod") for i in range(12)]
+    assert [name for name, _ in layout_of(many, parsed(config()))] == [
+        f"s{i:04d}" for i in range(10)]  # 1,024 partitions at most
     applied = config_for(config(), "orders")
     assert dict(applied.source.settings) == {"brokers": "127.0.0.1:1", "stream": "orders"}
     assert dict(applied.destination.settings) == {"stream": "mirror-orders"}
