@@ -35,8 +35,8 @@ from typing import Any
 
 from jetstream.datastreams.commands import RenewTaskEpoch, StaleDatastreamGeneration
 from jetstream.datastreams.connector import Endpoints
+from jetstream.datastreams.ends import PartitionEnds, open_ends
 from jetstream.datastreams.model import DatastreamState, TaskAssignment, TaskStatus
-from jetstream.datastreams.selector import PartitionEnds, open_ends
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
 from jetstream.tasks import cancel_and_wait

@@ -17,26 +17,19 @@ Each source stream gets its own destination from the destination's settings, in 
 the data goes (`stream`, `path` or `subject`) must contain `{stream}`: two source streams in
 one destination would mix their partitions and message ids.
 
-Pure here, except `Lister` (the coordinator's look at the source) and `open_ends` (a task's
-readers and writers).
+Pure here, except `Lister` (the coordinator's look at the source); a task's readers and
+writers per source stream are opened by jetstream.datastreams.ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from jetstream.datastreams.connector import (
-    DestinationWriter,
-    Endpoints,
-    SourceReader,
-    WriterContext,
-)
+from jetstream.datastreams.connector import Endpoints
 from jetstream.datastreams.model import (
     SOURCE_PARTITIONS_MAX,
     DatastreamConfig,
-    DatastreamState,
 )
 from jetstream.errors import InvalidDatastreamConfig, InvalidStreamConfig
 from jetstream.protocol.names import Selector, parse_selector
@@ -139,44 +132,3 @@ async def open_lister(config: DatastreamConfig, endpoints: Endpoints, client_id:
 
     brokers = config.source.settings.get("brokers") or endpoints.local_brokers
     return Lister(await connect(brokers, client_id=client_id).start(), parsed(config))
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionEnds:
-    """Where one of a task's partitions reads and writes, and its number at the source."""
-
-    reader: SourceReader
-    writer: DestinationWriter
-    source_partition: int
-
-
-Closer = Any  # a reader or writer: something with `async close()`
-
-
-async def open_ends(state: DatastreamState, partitions: Sequence[int], epoch: int,
-                    endpoints: Endpoints, client_id: str, opened: list[Closer]
-                    ) -> dict[int, PartitionEnds]:
-    """Readers and writers for a task's partitions: one pair for a single-stream source, one
-    per source stream for a selector. Everything opened is appended to `opened` (the caller
-    closes it, also when this fails half way)."""
-    from jetstream.datastreams import registry
-
-    config = state.config
-    by_stream: dict[str, list[tuple[int, int]]] = {}
-    for p in partitions:
-        stream, source_partition = resolve(state.source_streams, p) if is_selector(config) \
-            else (str(config.source.settings.get("stream", "")), p)
-        by_stream.setdefault(stream, []).append((p, source_partition))
-    ends: dict[int, PartitionEnds] = {}
-    for stream, pairs in by_stream.items():
-        applied = config_for(config, stream) if is_selector(config) else config
-        reader = await registry.source(applied.source.type).open(
-            applied.source.settings, endpoints, client_id)
-        opened.append(reader)
-        context = WriterContext(config.name, epoch, stream, config.partition_mapping.value,
-                                config.in_flight_max)
-        writer = await registry.destination(applied.destination.type).open(
-            applied.destination.settings, endpoints, context, client_id)
-        opened.append(writer)
-        ends.update({p: PartitionEnds(reader, writer, sp) for p, sp in pairs})
-    return ends
