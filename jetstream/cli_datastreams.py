@@ -1,4 +1,4 @@
-"""`jetstream datastreams create|list|describe|pause|resume|delete|diagnostics`: managed
+"""`jetstream datastreams create|list|describe|update|pause|resume|delete|diagnostics`: managed
 pipes from a source to a destination (jetstream.datastreams)."""
 
 from __future__ import annotations
@@ -51,6 +51,24 @@ async def create(js: Client, args: argparse.Namespace) -> int:
          "settings": parse_pairs(args.destination, "--destination")}, **options)
     emit(args, described, ("created " if described["created"] else "exists: ") +
          _human(described))
+    return 0
+
+
+async def update(js: Client, args: argparse.Namespace) -> int:
+    changes: dict[str, Any] = {name: getattr(args, name) for name in (
+        "max_tasks", "batch_records_max", "in_flight_max") if getattr(args, name) is not None}
+    if args.label is not None:
+        changes["labels"] = parse_pairs(args.label, "--label")
+    for end in ("source", "destination"):
+        settings: dict[str, Any] = {**parse_pairs(getattr(args, end), f"--{end}")}
+        settings.update(dict.fromkeys(getattr(args, f"remove_{end}") or (), None))
+        if settings:
+            changes[end] = {"settings": settings}
+    if not changes:
+        raise UsageError("nothing to update: give --max-tasks, --batch-records-max, "
+                         "--in-flight-max, --label, --source, --destination or --remove-*")
+    described = await js.update_datastream(args.name, changes)
+    emit(args, described, "updated " + _human(described))
     return 0
 
 
@@ -119,6 +137,19 @@ def add_commands(commands: Any, leaf: Any) -> None:
     made.add_argument("--in-flight-max", type=int)
     made.add_argument("--partition-mapping", choices=["same", "key_hash"], default="same")
     made.add_argument("--label", action="append", metavar="KEY=VALUE")
+    made = leaf(sub, "update", update, "change a datastream's options or settings (its tasks "
+                "restart with them)")
+    made.add_argument("name")
+    made.add_argument("--max-tasks", type=int)
+    made.add_argument("--batch-records-max", type=int)
+    made.add_argument("--in-flight-max", type=int)
+    made.add_argument("--label", action="append", metavar="KEY=VALUE",
+                      help="the new labels (replace all of them), repeatable")
+    for end in ("source", "destination"):
+        made.add_argument(f"--{end}", action="append", metavar="KEY=VALUE",
+                          help=f"set a {end} setting, repeatable")
+        made.add_argument(f"--remove-{end}", action="append", metavar="KEY",
+                          help=f"remove a {end} setting, repeatable")
     leaf(sub, "list", listing, "list datastreams")
     leaf(sub, "describe", describe, "a datastream's definition, status and tasks"
          ).add_argument("name")

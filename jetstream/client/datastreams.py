@@ -37,6 +37,29 @@ class DatastreamAdmin:
         """Definition, status, paused partitions and tasks. Raises UnknownDatastream."""
         return await self._datastreams("get", name)
 
+    async def update_datastream(self, name: str, changes: Mapping[str, Any] | None = None,
+                                **options: Any) -> dict[str, Any]:
+        """Change a datastream: `options` (or `changes`) may set max_tasks,
+        batch_records_max, in_flight_max, labels, and `source`/`destination` as
+        `{"settings": {...}}` merged into the current settings (None removes one). Its tasks
+        restart with the new definition. Answers its description. Raises
+        InvalidDatastreamConfig (also for a fixed field: name, types, partition_mapping,
+        the `stream`/`selector`/`path` settings), UnknownDatastream, UnknownConnector."""
+        return await self._datastreams("update", name, {**(changes or {}), **options})
+
+    async def batch_get_datastreams(self, names: Sequence[str]) -> dict[str, Any]:
+        """`{"datastreams": [descriptions], "errors": {name: {code, message}}}`: an unknown
+        name is reported in `errors`, the others are described."""
+        return await self._datastreams("batch_get", body={"names": list(names)})
+
+    async def batch_update_datastreams(self, updates: Sequence[Mapping[str, Any]]
+                                       ) -> list[dict[str, Any]]:
+        """Apply every update (`{name, ...changes}` as `update_datastream` takes) or none:
+        all are checked, then committed as one metadata command. Answers the descriptions."""
+        found: list[dict[str, Any]] = (await self._datastreams(
+            "batch_update", body={"datastreams": [dict(u) for u in updates]}))["datastreams"]
+        return found
+
     async def pause_datastream(self, name: str,
                                partitions: Sequence[int] | None = None) -> dict[str, Any]:
         """Pause the whole datastream, or only these source partitions."""

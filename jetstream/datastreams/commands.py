@@ -25,7 +25,9 @@ from jetstream.datastreams.model import (
     DatastreamState,
     TaskAssignment,
     check_partitions,
+    layout_from,
 )
+from jetstream.datastreams.updates import check_fixed
 from jetstream.errors import (
     DatastreamExists,
     InvalidDatastreamConfig,
@@ -68,13 +70,15 @@ class PauseDatastream:
 
 @dataclass(frozen=True, slots=True)
 class AssignTasks:
-    """The coordinator's plan for one datastream: its source partition count and tasks."""
+    """The coordinator's plan for one datastream: its source partition count and tasks (and
+    for a label-selector source the layout those partitions come from)."""
 
     name: str
     expected_generation: int
     created_version: int
     source_partitions: int
     tasks: tuple[TaskAssignment, ...]
+    source_streams: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +101,16 @@ class DrainTasks:
     draining: bool
 
 
+@dataclass(frozen=True, slots=True)
+class UpdateDatastreams:
+    """New definitions of existing datastreams, all applied or none (a batch update is one
+    command). Tasks of a changed datastream restart with it: each takes a new epoch."""
+
+    configs: tuple[DatastreamConfig, ...]
+
+
 DatastreamCommand = (CreateDatastream | DeleteDatastream | PauseDatastream | AssignTasks
-                     | RenewTaskEpoch | DrainTasks)
+                     | RenewTaskEpoch | DrainTasks | UpdateDatastreams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +144,25 @@ def apply_delete(datastreams: Datastreams, command: DeleteDatastream) -> Datastr
     return state
 
 
+def apply_update(datastreams: Datastreams, command: UpdateDatastreams,
+                 version: int) -> tuple[DatastreamState, ...]:
+    """Every datastream must exist and keep its fixed fields, or nothing changes. A changed
+    one moves to the next generation (a plan made before is stale) and its tasks take
+    `version` as their epoch, so the brokers running them stop them and start them again
+    with the new definition."""
+    current = [_get(datastreams, config.name) for config in command.configs]
+    for state, config in zip(current, command.configs, strict=True):
+        check_fixed(state.config, config)
+    updated = []
+    for state, config in zip(current, command.configs, strict=True):
+        if state.config != config:
+            state = datastreams[config.name] = replace(
+                state, config=config, generation=state.generation + 1,
+                tasks=tuple(replace(t, epoch=version) for t in state.tasks))
+        updated.append(state)
+    return tuple(updated)
+
+
 def apply_pause(datastreams: Datastreams, command: PauseDatastream) -> DatastreamState:
     state = _get(datastreams, command.name)
     new = datastreams[command.name] = state.with_pause(command.pause, command.partitions)
@@ -146,7 +177,9 @@ def apply_assign(datastreams: Datastreams, command: AssignTasks,
         raise StaleDatastreamGeneration(command.name, command.expected_generation,
                                         state.generation)
     _check_tasks(command)
-    before = {t.task: t for t in state.tasks}
+    # A new layout renumbers the partitions: every task starts again on it.
+    before = {t.task: t for t in state.tasks} \
+        if command.source_streams == state.source_streams else {}
     tasks = []
     for task in command.tasks:
         old = before.get(task.task)
@@ -154,7 +187,7 @@ def apply_assign(datastreams: Datastreams, command: AssignTasks,
         tasks.append(replace(task, epoch=old.epoch if same and old is not None else version))
     new = datastreams[command.name] = replace(
         state, source_partitions=command.source_partitions, tasks=tuple(tasks),
-        generation=state.generation + 1)
+        generation=state.generation + 1, source_streams=command.source_streams)
     return new
 
 
@@ -214,12 +247,15 @@ def encode(command: DatastreamCommand) -> dict[str, Any]:
                     "expected_generation": command.expected_generation,
                     "created_version": command.created_version,
                     "source_partitions": command.source_partitions,
-                    "tasks": [t.to_dict() for t in command.tasks]}
+                    "tasks": [t.to_dict() for t in command.tasks],
+                    "source_streams": [list(s) for s in command.source_streams]}
         case RenewTaskEpoch(name=name, task=task, broker=broker, expected_epoch=epoch):
             return {"type": "RenewTaskEpoch", "name": name, "task": task, "broker": broker,
                     "expected_epoch": epoch}
         case DrainTasks(broker=broker, draining=draining):
             return {"type": "DrainTasks", "broker": broker, "draining": draining}
+        case UpdateDatastreams(configs=configs):
+            return {"type": "UpdateDatastreams", "configs": [c.to_dict() for c in configs]}
     raise TypeError(f"not a datastream command: {command!r}")
 
 
@@ -236,10 +272,13 @@ def decode(data: Mapping[str, Any]) -> DatastreamCommand | None:
     if kind == "AssignTasks":
         return AssignTasks(data["name"], int(data["expected_generation"]),
                            int(data["created_version"]), int(data["source_partitions"]),
-                           tuple(TaskAssignment.from_dict(t) for t in data["tasks"]))
+                           tuple(TaskAssignment.from_dict(t) for t in data["tasks"]),
+                           layout_from(data.get("source_streams", ())))
     if kind == "RenewTaskEpoch":
         return RenewTaskEpoch(data["name"], int(data["task"]), int(data["broker"]),
                               int(data["expected_epoch"]))
     if kind == "DrainTasks":
         return DrainTasks(int(data["broker"]), bool(data["draining"]))
+    if kind == "UpdateDatastreams":
+        return UpdateDatastreams(tuple(DatastreamConfig.from_dict(c) for c in data["configs"]))
     return None

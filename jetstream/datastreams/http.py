@@ -7,6 +7,9 @@ socket API's DATASTREAMS is the one path that changes datastreams.
     GET    /datastreams                          every datastream (definition, status, tasks)
     POST   /datastreams                          create {name, source, destination, ...}
     GET    /datastreams/{name}                   one datastream
+    PATCH  /datastreams/{name}                   update it {max_tasks, ..., source: {settings}}
+    POST   /datastreams/batch/get                {names: [...]}: descriptions, unknown in errors
+    POST   /datastreams/batch/update             {datastreams: [{name, ...changes}]}: all or none
     DELETE /datastreams/{name}                   delete it (its tasks stop)
     POST   /datastreams/{name}/pause             pause it, or `?partitions=0,3` only those
     POST   /datastreams/{name}/resume            resume it, or `?partitions=0,3` only those
@@ -43,6 +46,13 @@ def _partitions(text: str | None) -> list[int] | None:
                                       f"{text!r}", field="partitions") from None
 
 
+def _list(body: dict[str, Any], key: str, kind: type) -> list[Any]:
+    items = body.get(key)
+    if not isinstance(items, list) or not all(isinstance(i, kind) for i in items):
+        raise InvalidDatastreamConfig(f"{key} must be a list of {kind.__name__}", field=key)
+    return items
+
+
 def add_datastream_routes(app: FastAPI, broker_client: BrokerClient,
                           errors: Callable[..., dict[int | str, dict[str, Any]]]) -> None:
     """The routes of the module docstring; `errors(*statuses)` declares their error
@@ -67,6 +77,25 @@ def add_datastream_routes(app: FastAPI, broker_client: BrokerClient,
     async def describe_datastream(name: str) -> dict[str, Any]:
         js = await broker_client.client()
         return await js.describe_datastream(name)
+
+    @app.patch("/datastreams/{name}", responses=errors(400, 404, 503))
+    async def update_datastream(name: str, body: dict[str, Any] = Body(...)  # noqa: B008
+                                ) -> dict[str, Any]:
+        js = await broker_client.client()
+        return await js.update_datastream(name, body)
+
+    @app.post("/datastreams/batch/get", responses=errors(400))
+    async def batch_get_datastreams(body: dict[str, Any] = Body(...)  # noqa: B008
+                                    ) -> dict[str, Any]:
+        js = await broker_client.client()
+        return await js.batch_get_datastreams(_list(body, "names", str))
+
+    @app.post("/datastreams/batch/update", responses=errors(400, 404, 503))
+    async def batch_update_datastreams(body: dict[str, Any] = Body(...)  # noqa: B008
+                                       ) -> dict[str, Any]:
+        js = await broker_client.client()
+        updated = await js.batch_update_datastreams(_list(body, "datastreams", dict))
+        return {"datastreams": updated}
 
     @app.delete("/datastreams/{name}", status_code=204, responses=errors(400, 404, 503))
     async def delete_datastream(name: str) -> Response:

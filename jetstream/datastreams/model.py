@@ -202,7 +202,9 @@ class TaskAssignment:
 class DatastreamState:
     """A datastream as the metadata holds it. `paused`: the whole datastream;
     `paused_partitions`: single source partitions. `generation` moves at every change of
-    the tasks (assignments are compare-and-set on it)."""
+    the tasks (assignments are compare-and-set on it). `source_streams`: for a label-selector
+    source, the matching streams and their partition counts, whose (stream, partition) pairs
+    in order are the datastream's partitions (jetstream.datastreams.selector)."""
 
     config: DatastreamConfig
     paused: bool = False
@@ -211,6 +213,7 @@ class DatastreamState:
     tasks: tuple[TaskAssignment, ...] = ()
     generation: int = 0
     created_version: int = 0
+    source_streams: tuple[tuple[str, int], ...] = ()
 
     @property
     def name(self) -> str:
@@ -233,7 +236,8 @@ class DatastreamState:
                 "paused_partitions": list(self.paused_partitions),
                 "source_partitions": self.source_partitions,
                 "tasks": [t.to_dict() for t in self.tasks], "generation": self.generation,
-                "created_version": self.created_version}
+                "created_version": self.created_version,
+                "source_streams": [list(s) for s in self.source_streams]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DatastreamState:
@@ -241,7 +245,14 @@ class DatastreamState:
                    tuple(int(p) for p in data["paused_partitions"]),
                    int(data["source_partitions"]),
                    tuple(TaskAssignment.from_dict(t) for t in data["tasks"]),
-                   int(data["generation"]), int(data["created_version"]))
+                   int(data["generation"]), int(data["created_version"]),
+                   layout_from(data.get("source_streams", ())))  # absent before selectors
+
+
+def layout_from(data: object) -> tuple[tuple[str, int], ...]:
+    """A layout (`source_streams`) from its plain form: pairs of stream and partitions."""
+    assert isinstance(data, list | tuple), data
+    return tuple((str(stream), int(count)) for stream, count in data)
 
 
 def check_partitions(partitions: object) -> tuple[int, ...] | None:

@@ -55,37 +55,49 @@ CONNECT_TIMEOUT_S = 5.0
 FETCH_RECORDS_MAX = 1000
 
 
+def check_url(settings: Mapping[str, Any], where: str) -> None:
+    """The `url` setting of a NATS connector (`where`: source.settings, ...): required, a
+    `nats://` or `tls://` URL."""
+    url = setting_str(settings, "url", where, required=True)
+    assert url is not None
+    if not url.startswith(("nats://", "tls://")):
+        raise InvalidDatastreamConfig(f"{where}.url must be a nats:// URL", field=f"{where}.url")
+
+
+async def connect_nats(settings: Mapping[str, Any], where: str, client_id: str) -> Nats:
+    """A NATS connection to the endpoint's `url`, with its TLS settings and credentials
+    (`where`: source.settings, ...), that does not reconnect (a task that loses it fails and
+    retries from its checkpoint). Raises BrokerUnavailable, without secrets."""
+    import nats
+
+    url = str(settings["url"])
+    tls = tls_context(settings, where)
+    if tls is None and url.startswith("tls://"):
+        tls = ssl.create_default_context()
+    options: dict[str, Any] = {"tls": tls} if tls is not None else {}
+    try:
+        return await nats.connect(url, name=client_id, connect_timeout=CONNECT_TIMEOUT_S,
+                                  max_reconnect_attempts=0, allow_reconnect=False,
+                                  error_cb=_quiet, user=credential(settings, "user"),
+                                  password=credential(settings, "password"),
+                                  token=credential(settings, "token"), **options)
+    except Exception as exc:  # nats-py raises several unrelated types
+        where_to = redacted({"url": url})["url"]
+        raise BrokerUnavailable(where_to, scrub(f"NATS: {exc!r}", secret_values(settings))
+                                ) from None
+
+
 class NatsJetstreamSource:
     def check(self, settings: Mapping[str, Any]) -> None:
         check_known(settings, SETTINGS, "source.settings")
-        url = setting_str(settings, "url", "source.settings", required=True)
-        assert url is not None
-        if not url.startswith(("nats://", "tls://")):
-            raise InvalidDatastreamConfig("source.settings.url must be a nats:// URL",
-                                          field="source.settings.url")
+        check_url(settings, "source.settings")
         setting_str(settings, "stream", "source.settings", required=True)
         setting_str(settings, "start", "source.settings", choices=("earliest", "latest"))
         check_security(settings, "source.settings", token_is_user_secret=False)
 
     async def open(self, settings: Mapping[str, Any], endpoints: Endpoints,
                    client_id: str) -> NatsStreamReader:
-        import nats
-
-        url = str(settings["url"])
-        tls = tls_context(settings, "source.settings")
-        if tls is None and url.startswith("tls://"):
-            tls = ssl.create_default_context()
-        options: dict[str, Any] = {"tls": tls} if tls is not None else {}
-        try:
-            nc = await nats.connect(url, name=client_id, connect_timeout=CONNECT_TIMEOUT_S,
-                                    max_reconnect_attempts=0, allow_reconnect=False,
-                                    error_cb=_quiet, user=credential(settings, "user"),
-                                    password=credential(settings, "password"),
-                                    token=credential(settings, "token"), **options)
-        except Exception as exc:  # nats-py raises several unrelated types
-            where = redacted({"url": url})["url"]
-            raise BrokerUnavailable(where, scrub(f"NATS: {exc!r}", secret_values(settings))
-                                    ) from None
+        nc = await connect_nats(settings, "source.settings", client_id)
         return NatsStreamReader(nc, str(settings["stream"]), settings.get("start", "earliest"))
 
 

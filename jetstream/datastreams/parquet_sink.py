@@ -1,31 +1,31 @@
 """The `parquet` transport: a datastream's records as Parquet files (pyarrow), for Spark and
 anything else that reads files.
 
-Settings: `path` (required: a directory, local or shared by the brokers), `file_rows_max`
-(100,000), `file_bytes_max` (64 MiB of keys and values), `roll_ms` (60,000: a file is closed
-this long after its first row even if small). Columns: `source` (string), `partition`
-(int32), `offset` (int64), `timestamp_ms` (int64), `key` and `value` (binary, nullable),
-`headers` (map<string, binary>).
+Settings: `path` (required: a directory, local or shared by the brokers, or an object store
+URL such as `s3://bucket/prefix` or `file:///dir`: jetstream.datastreams.parquet_files),
+`file_rows_max` (100,000), `file_bytes_max` (64 MiB of keys and values), `roll_ms` (60,000:
+a file is closed this long after its first row even if small). Columns: `source` (string),
+`partition` (int32), `offset` (int64), `timestamp_ms` (int64), `key` and `value` (binary,
+nullable), `headers` (map<string, binary>).
 
-Each source partition fills its own file: rows are buffered in memory, written as one
-Parquet file under `<path>/_tmp/` when the file rolls (by rows, bytes or age), fsynced,
-renamed to `<path>/part-<partition>-<first offset>-<end offset>.parquet`, and only then
-recorded in the partition's manifest `<path>/_manifest/partition-<p>.jsonl` (one JSON line
-per complete file: file, partition, first_offset, end_offset, rows, bytes), fsynced. The
+Each source partition fills its own file: rows are buffered in memory, made into one
+Parquet file when the file rolls (by rows, bytes or age), stored complete as
+`<path>/part-<partition>-<first offset>-<end offset>.parquet` and only then recorded in the
+partition's manifest under `<path>/_manifest/` (one entry per complete file: file, partition,
+first_offset, end_offset, rows, bytes; how each place does it: parquet_files). The
 checkpoint moves to a file's end offset only after that, so the source is re-read from the
 end of the last complete file after a crash; rows buffered but not yet in a file are simply
-read again. Readers see only complete files: the temporary ones sit under `_tmp`, which
-Spark and Hadoop skip (a leading underscore), and the manifests list exactly the complete
-files. Exactly once: a writer reads the manifests when it opens and drops records below the
-end of a partition's last complete file (a crash between a file's manifest line and the
-checkpoint), so a file's rows are never written twice.
+read again. Readers see only complete files (`_`-prefixed paths, which Spark and Hadoop
+skip, hold the rest), and the manifests list exactly the complete files. Exactly once: a
+writer reads the manifests when it opens and drops records below the end of a partition's
+last complete file (a crash between a file's manifest entry and the checkpoint), so a
+file's rows are never written twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
+import io
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,9 +42,24 @@ from jetstream.datastreams.connector import (
     check_known,
     setting_str,
 )
+from jetstream.datastreams.parquet_files import (
+    MANIFEST_DIR,
+    TMP_DIR,
+    Files,
+    LocalFiles,
+    entry_of,
+    file_name,
+    files_at,
+    is_url,
+)
 from jetstream.errors import InvalidDatastreamConfig
 
+__all__ = ["MANIFEST_DIR", "TMP_DIR", "ParquetSink", "ParquetWriter", "RollLimits",
+           "file_name", "read_manifest", "should_roll"]
+
 SETTINGS = ("path", "file_rows_max", "file_bytes_max", "roll_ms")
+#: The object stores a `path` URL may name (those of tiered storage's fragment stores).
+STORE_SCHEMES = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "file://")
 FILE_ROWS_MAX = 100_000
 FILE_BYTES_MAX = 64 * 1024 * 1024
 ROLL_MS = 60_000
@@ -52,8 +67,6 @@ ROLL_MS = 60_000
 ROWS_LIMIT = 10_000_000
 BYTES_LIMIT = 1024 * 1024 * 1024
 ROLL_MS_LIMIT = 24 * 3600 * 1000
-MANIFEST_DIR = "_manifest"
-TMP_DIR = "_tmp"
 
 SCHEMA = pa.schema([
     pa.field("source", pa.string()), pa.field("partition", pa.int32()),
@@ -76,10 +89,6 @@ def should_roll(rows: int, size_bytes: int, age_ms: int, limits: RollLimits) -> 
                          or age_ms >= limits.roll_ms)
 
 
-def file_name(partition: int, first_offset: int, end_offset: int) -> str:
-    return f"part-{partition:05d}-{first_offset:020d}-{end_offset:020d}.parquet"
-
-
 def _int_setting(settings: Mapping[str, Any], name: str, default: int, high: int) -> int:
     value = settings.get(name, default)
     if isinstance(value, str) and value.isdigit():
@@ -97,39 +106,29 @@ def limits_of(settings: Mapping[str, Any]) -> RollLimits:
                       _int_setting(settings, "roll_ms", ROLL_MS, ROLL_MS_LIMIT))
 
 
-def read_manifest(directory: Path, partition: int) -> list[dict[str, Any]]:
-    """The complete files of a partition, in order (a torn last line is left out: its file
-    was renamed but not recorded, and will be written again under the same name)."""
-    path = directory / MANIFEST_DIR / f"partition-{partition:05d}.jsonl"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            break
-    return out
+def read_manifest(path: Path | str, partition: int) -> list[dict[str, Any]]:
+    """The complete files of a partition, in order, as its manifest lists them (a local
+    directory or an object store URL, like the `path` setting)."""
+    files = files_at(path) if isinstance(path, str) else LocalFiles(path)
+    return files.complete(partition)
 
 
 class ParquetSink:
     def check(self, settings: Mapping[str, Any]) -> None:
         check_known(settings, SETTINGS, "destination.settings")
-        setting_str(settings, "path", "destination.settings", required=True)
+        path = setting_str(settings, "path", "destination.settings", required=True)
+        assert path is not None
+        if is_url(path) and not path.startswith(STORE_SCHEMES):
+            raise InvalidDatastreamConfig(
+                f"destination.settings.path: a URL must start with one of {list(STORE_SCHEMES)}",
+                field="destination.settings.path")
         limits_of(settings)
 
     async def open(self, settings: Mapping[str, Any], endpoints: Endpoints,
                    context: WriterContext, client_id: str) -> ParquetWriter:
-        directory = Path(str(settings["path"]))
-        await asyncio.to_thread(_make_dirs, directory)
-        return ParquetWriter(directory, context.source_name, limits_of(settings))
-
-
-def _make_dirs(directory: Path) -> None:
-    for sub in (TMP_DIR, MANIFEST_DIR):
-        (directory / sub).mkdir(parents=True, exist_ok=True)
+        files = await asyncio.to_thread(files_at, str(settings["path"]))
+        await asyncio.to_thread(files.prepare)
+        return ParquetWriter(files, context.source_name, limits_of(settings))
 
 
 @dataclass(slots=True)
@@ -140,8 +139,8 @@ class _Buffer:
 
 
 class ParquetWriter:
-    def __init__(self, directory: Path, source: str, limits: RollLimits) -> None:
-        self.directory = directory
+    def __init__(self, files: Files, source: str, limits: RollLimits) -> None:
+        self._files = files
         self._source = source
         self._limits = limits
         self._buffers: dict[int, _Buffer] = {}
@@ -150,18 +149,14 @@ class ParquetWriter:
         self._rolling: set[int] = set()
         self.files_written = 0
 
-    def _durable_end(self, partition: int) -> int:
-        end = self._durable.get(partition)
-        if end is None:
-            files = read_manifest(self.directory, partition)
-            end = self._durable[partition] = files[-1]["end_offset"] if files else -1
-        return end
-
     async def write(self, records: Sequence[SourceRecord]) -> None:
+        for partition in {r.partition for r in records} - set(self._durable):
+            self._durable[partition] = await asyncio.to_thread(self._files.end_offset,
+                                                               partition)
         now = time.monotonic()
         touched = set(self._buffers)
         for record in records:
-            if record.position < self._durable_end(record.partition):
+            if record.position < self._durable[record.partition]:
                 continue  # in a complete file already (a crash before its checkpoint)
             filling = self._buffers.setdefault(record.partition, _Buffer(started=now))
             if not filling.rows:
@@ -192,7 +187,7 @@ class ParquetWriter:
                 self._rolling.discard(partition)
 
     def checkpointable(self, partition: int, position: int) -> int | None:
-        end = self._durable_end(partition)
+        end = self._durable.get(partition, -1)  # unknown: nothing was written to it yet
         buffer = self._buffers.get(partition)
         if partition not in self._rolling and (buffer is None or not buffer.rows):
             return max(position, end)  # everything read is in complete files
@@ -209,30 +204,13 @@ class ParquetWriter:
         table = pa.Table.from_batches([pa.RecordBatch.from_arrays(
             [pa.array(values, type=f.type) for values, f in zip(columns, SCHEMA, strict=True)],
             schema=SCHEMA)], schema=SCHEMA)
-        tmp = self.directory / TMP_DIR / name
-        pq.write_table(table, str(tmp))
-        _fsync(tmp)
-        final = self.directory / name
-        os.replace(tmp, final)
-        _fsync(self.directory)
-        line = json.dumps({"file": name, "partition": partition, "first_offset": first,
-                           "end_offset": end, "rows": len(rows),
-                           "bytes": final.stat().st_size}) + "\n"
-        manifest = self.directory / MANIFEST_DIR / f"partition-{partition:05d}.jsonl"
-        with open(manifest, "a") as out:
-            out.write(line)
-            out.flush()
-            os.fsync(out.fileno())
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        payload = sink.getvalue()
+        self._files.put(partition, name, payload,
+                        entry_of(name, partition, first, end, len(rows), len(payload)))
         self._durable[partition] = end
         self.files_written += 1
 
     async def close(self) -> None:
         self._buffers.clear()  # not in a file: read again from the checkpoint
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from jetstream.datastreams import selector
 from jetstream.datastreams.connector import DestinationTransport, SourceConnector
 from jetstream.datastreams.jetstream_stream import JetstreamDestination, JetstreamSource
 from jetstream.datastreams.model import DatastreamConfig
 from jetstream.datastreams.nats_jetstream import NatsJetstreamSource
+from jetstream.datastreams.nats_subject import NatsSubjectDestination
 from jetstream.datastreams.parquet_sink import ParquetSink
 from jetstream.errors import UnknownConnector
 
@@ -24,6 +26,7 @@ SOURCES: Mapping[str, SourceConnector] = {
 DESTINATIONS: Mapping[str, DestinationTransport] = {
     "jetstream": JetstreamDestination(),
     "parquet": ParquetSink(),
+    "nats_subject": NatsSubjectDestination(),
 }
 
 
@@ -44,5 +47,7 @@ def destination(name: str) -> DestinationTransport:
 def check(config: DatastreamConfig) -> None:
     """Raise UnknownConnector or InvalidDatastreamConfig for a definition no broker could
     run."""
+    if selector.is_selector(config):
+        config = selector.check(config)
     source(config.source.type).check(config.source.settings)
     destination(config.destination.type).check(config.destination.settings)

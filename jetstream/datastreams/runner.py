@@ -46,18 +46,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jetstream.datastreams import registry
 from jetstream.datastreams.commands import (
     DrainTasks,
     RenewTaskEpoch,
     StaleDatastreamGeneration,
 )
-from jetstream.datastreams.connector import (
-    DestinationWriter,
-    Endpoints,
-    SourceReader,
-    WriterContext,
-)
+from jetstream.datastreams.connector import Endpoints
+from jetstream.datastreams.ends import PartitionEnds, open_ends
 from jetstream.datastreams.model import DatastreamState, TaskAssignment, TaskStatus
 from jetstream.datastreams.security import scrub, secret_values
 from jetstream.errors import JetstreamError
@@ -260,25 +255,17 @@ class Runner:
     async def _run(self, run: TaskRun) -> None:
         backoff = BACKOFF_S_MIN
         while True:
-            reader: SourceReader | None = None
-            writer: DestinationWriter | None = None
+            opened: list[Any] = []
             try:
                 await self._renew(run)
                 ds = self._check_owner(run)
-                config = ds.config
-                endpoints = self._endpoints()
                 client_id = f"datastream-{run.name}-{run.task}-b{self.broker_id}"
-                reader = await registry.source(config.source.type).open(
-                    config.source.settings, endpoints, client_id)
-                context = WriterContext(config.name, run.epoch,
-                                        str(config.source.settings.get("stream", "")),
-                                        config.partition_mapping.value, config.in_flight_max)
-                writer = await registry.destination(config.destination.type).open(
-                    config.destination.settings, endpoints, context, client_id)
+                ends = await open_ends(ds, run.partitions, run.epoch, self._endpoints(),
+                                       client_id, opened)
                 run.status = TaskStatus.RUNNING
                 async with asyncio.TaskGroup() as group:
                     for p in run.partitions:
-                        group.create_task(self._partition(run, p, reader, writer))
+                        group.create_task(self._partition(run, p, ends[p]))
                 return  # the partition loops only return when the broker hands off
             except Exception as failed:
                 error = _first(failed)
@@ -291,21 +278,22 @@ class Runner:
                 log.warning("datastream %s task %d faulty (retry in %.1f s): %s", run.name,
                             run.task, backoff, run.last_error)
             finally:
-                for end in (writer, reader):
-                    if end is not None:
-                        with contextlib.suppress(Exception):
-                            await end.close()
+                for end in reversed(opened):  # writers before their readers
+                    with contextlib.suppress(Exception):
+                        await end.close()
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, BACKOFF_S_MAX)
 
-    async def _partition(self, run: TaskRun, partition: int, reader: SourceReader,
-                         writer: DestinationWriter) -> None:
+    async def _partition(self, run: TaskRun, partition: int, ends: PartitionEnds) -> None:
+        """Loop over one of the task's partitions (`ends.source_partition` at the source:
+        the same number unless the source is a label selector)."""
+        reader, writer, source_partition = ends.reader, ends.writer, ends.source_partition
         progress = run.progress.setdefault(partition, PartitionProgress())
         group = self._check_owner(run).config.checkpoint_group
-        checkpoint = await reader.checkpoint(group, partition)
+        checkpoint = await reader.checkpoint(group, source_partition)
         if checkpoint is None:
-            checkpoint = await reader.start_position(partition)
-            await reader.commit(group, partition, checkpoint)
+            checkpoint = await reader.start_position(source_partition)
+            await reader.commit(group, source_partition, checkpoint)
         position = progress.position = progress.checkpoint = checkpoint
         while not self.draining:
             ds = self._check_owner(run)
@@ -314,8 +302,8 @@ class Runner:
                 self._status(run)
                 await asyncio.sleep(PAUSED_POLL_S)
                 continue
-            batch = await reader.read(partition, position, ds.config.batch_records_max,
-                                      READ_WAIT_MS)
+            batch = await reader.read(source_partition, position,
+                                      ds.config.batch_records_max, READ_WAIT_MS)
             if self.draining:
                 return  # read, not written: the next owner reads it again
             progress.end_position = batch.end_position
@@ -335,9 +323,9 @@ class Runner:
                 progress.last_record_timestamp_ms = batch.records[-1].timestamp_ms
                 self._count(run.name, "records_out", count)
             position = progress.position = batch.next_position
-            durable = writer.checkpointable(partition, position)
+            durable = writer.checkpointable(source_partition, position)
             if durable is not None and durable > checkpoint:
-                await reader.commit(group, partition, durable)
+                await reader.commit(group, source_partition, durable)
                 checkpoint = progress.checkpoint = durable
             self._status(run)
 

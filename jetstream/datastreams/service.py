@@ -22,6 +22,7 @@ from jetstream.datastreams.commands import (
     DatastreamCreated,
     DeleteDatastream,
     PauseDatastream,
+    UpdateDatastreams,
 )
 from jetstream.datastreams.connector import Endpoints
 from jetstream.datastreams.coordinator import Coordinator
@@ -33,6 +34,8 @@ from jetstream.datastreams.model import (
     check_partitions,
 )
 from jetstream.datastreams.runner import Runner
+from jetstream.datastreams.selector import is_selector
+from jetstream.datastreams.updates import batch_names, batch_updates, merged
 from jetstream.errors import JetstreamError, UnknownDatastream
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.fsm import MetadataState
@@ -88,6 +91,11 @@ class DatastreamService:
                 self.describe(d) for _, d in sorted(self._state().datastreams.items())]})
         if action == "tasks":
             return m.DatastreamResponse({"tasks": self.runner.describe(request.name or None)})
+        if action == "batch_get":
+            return m.DatastreamResponse(self.batch_get(batch_names(request.body)))
+        if action == "batch_update":
+            return m.DatastreamResponse({"datastreams": await self.update(
+                [(u["name"], u) for u in batch_updates(request.body)])})
         name = check_name(request.name)
         if action == "get":
             return m.DatastreamResponse(self.describe(self._get(name)))
@@ -100,6 +108,9 @@ class DatastreamService:
             state = await self._metadata.propose(
                 PauseDatastream(name, action == "pause", partitions))
             return m.DatastreamResponse(self.describe(state))
+        if action == "update":
+            [updated] = await self.update([(name, request.body)])
+            return m.DatastreamResponse(updated)
         assert action == "diagnostics", action
         return m.DatastreamResponse(await self.diagnostics(name))
 
@@ -108,6 +119,31 @@ class DatastreamService:
         registry.check(config)
         created: DatastreamCreated = await self._metadata.propose(CreateDatastream(config))
         return {**self.describe(created.state), "created": not created.existed}
+
+    async def update(self, updates: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Apply every update (name, changes) or none: each is merged into its current
+        definition and checked (fixed fields, connector settings) before one command is
+        proposed."""
+        configs = []
+        for name, changes in updates:
+            config = merged(self._get(name).config, changes)
+            registry.check(config)
+            configs.append(config)
+        states = await self._metadata.propose(UpdateDatastreams(tuple(configs)))
+        return [self.describe(state) for state in states]
+
+    def batch_get(self, names: list[str]) -> dict[str, Any]:
+        """The named datastreams' descriptions; an unknown name is reported in `errors`
+        (name -> {code, message}) instead of failing the others."""
+        found, errors = [], {}
+        for name in names:
+            state = self._state().datastreams.get(name)
+            if state is None:
+                error = UnknownDatastream(name)
+                errors[name] = {"code": error.code, "message": str(error)}
+            else:
+                found.append(self.describe(state))
+        return {"datastreams": found, "errors": errors}
 
     def _get(self, name: str) -> DatastreamState:
         state = self._state().datastreams.get(name)
@@ -119,6 +155,8 @@ class DatastreamService:
         return {**state.config.shown(), "status": _status(state),
                 "paused": state.paused, "paused_partitions": list(state.paused_partitions),
                 "source_partitions": state.source_partitions,
+                **({"source_streams": [list(s) for s in state.source_streams]}
+                   if is_selector(state.config) else {}),
                 "tasks": [{**t.to_dict(), "status": TaskStatus.UNASSIGNED.value}
                           if t.broker is None else t.to_dict() for t in state.tasks]}
 

@@ -9,7 +9,9 @@ every broker running a task of the datastream). Bodies are JSON-compatible maps.
     DATASTREAMS  action, name, body: {str: any}       result: {str: any}
 
 Actions: create (body: the definition), get, list, delete, pause and resume (body:
-`partitions`, optional), diagnostics, tasks (this broker's running tasks).
+`partitions`, optional), diagnostics, tasks (this broker's running tasks), update (body: the
+changes), batch_get (body: `names`), batch_update (body: `datastreams`, each {name, ...changes};
+all or none).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from jetstream.protocol.base import Request, Response
 from jetstream.protocol.fields import bad, check_str
 from jetstream.protocol.frames import Op
 
-ACTIONS = ("create", "get", "list", "delete", "pause", "resume", "diagnostics", "tasks")
+ACTIONS = ("create", "get", "list", "delete", "pause", "resume", "diagnostics", "tasks",
+           "update", "batch_get", "batch_update")
 NAME_CHARS_MAX = 64
 
 

@@ -87,7 +87,8 @@ def touched(command: Command | StateRestored, result: Any) -> Touched:
         case AddAcls() | RemoveAcls():
             return NOTHING
         case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
-                | ds.AssignTasks() | ds.RenewTaskEpoch() | ds.DrainTasks():
+                | ds.AssignTasks() | ds.RenewTaskEpoch() | ds.DrainTasks() \
+                | ds.UpdateDatastreams():
             return Touched()  # no partition: the datastream runner watches its own
     raise TypeError(f"not a metadata command: {command!r}")
 

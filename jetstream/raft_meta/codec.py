@@ -56,7 +56,8 @@ def encode_command(command: Command) -> dict[str, Any]:
         case AddAcls(entries=entries) | RemoveAcls(entries=entries):
             return {"type": type(command).__name__, "acls": [e.to_dict() for e in entries]}
         case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
-                | ds.AssignTasks() | ds.RenewTaskEpoch() | ds.DrainTasks():
+                | ds.AssignTasks() | ds.RenewTaskEpoch() | ds.DrainTasks() \
+                | ds.UpdateDatastreams():
             return ds.encode(command)
     raise TypeError(f"not a metadata command: {command!r}")
 

@@ -138,7 +138,8 @@ Command = (RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeL
             | ChangeLeaders | ChangeIsrs | AddAcls | RemoveAcls
             # Datastreams' commands (jetstream.datastreams.commands).
             | ds.CreateDatastream | ds.DeleteDatastream | ds.PauseDatastream | ds.AssignTasks
-            | ds.RenewTaskEpoch | ds.DrainTasks)
+            | ds.RenewTaskEpoch | ds.DrainTasks
+            | ds.UpdateDatastreams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +287,10 @@ class MetadataState:
 
     def _apply_DrainTasks(self, command: ds.DrainTasks) -> bool:
         return ds.apply_drain(self.datastream_draining, command, self.version)
+
+    def _apply_UpdateDatastreams(self, command: ds.UpdateDatastreams
+                                 ) -> tuple[DatastreamState, ...]:
+        return ds.apply_update(self.datastreams, command, self.version)
 
     @staticmethod
     def _item(handler: Any, item: ChangeLeader | ChangeIsr) -> ItemOutcome:

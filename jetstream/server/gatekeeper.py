@@ -42,7 +42,7 @@ ANONYMOUS = "ANONYMOUS"
 Need = tuple[str, str, str]
 _CLUSTER_ADMIN: Need = ("cluster_admin", "cluster", CLUSTER)
 #: Datastream actions that only read (the rest change the cluster's pipes).
-DATASTREAM_READS = frozenset({"get", "list", "diagnostics", "tasks"})
+DATASTREAM_READS = frozenset({"get", "list", "diagnostics", "tasks", "batch_get"})
 
 
 class HasState(Protocol):

@@ -72,8 +72,9 @@ _NEEDS: dict[tuple[str, str], tuple[str, str]] = {
     ("POST", "/acls"): ("cluster_admin", "cluster"),
     ("POST", "/acls/delete"): ("cluster_admin", "cluster"),
     # Datastreams: reading them is describing the cluster; changing them (create, delete,
-    # pause, resume) is administering it (not in the table).
+    # update, pause, resume, batch update) is administering it (not in the table).
     ("GET", "/datastreams"): ("describe", "cluster"),
+    ("POST", "/datastreams/batch/get"): ("describe", "cluster"),
     ("GET", "/datastreams/{name}"): ("describe", "cluster"),
     ("GET", "/diagnostics/datastreams/{name}"): ("describe", "cluster"),
 }

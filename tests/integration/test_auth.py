@@ -306,3 +306,30 @@ async def test_a_single_broker_keeps_its_acls_across_a_restart(secured: BrokerPr
     secured.start()
     async with login(secured, "admin") as admin:
         assert [e.to_dict() for e in await admin.acl_list()] == [entry]
+
+
+async def test_datastream_updates_need_cluster_admin(secured: BrokerProcess) -> None:
+    """Batch get describes the cluster; update and batch update administer it."""
+    async with httpx.AsyncClient(base_url=secured.http_url) as http:
+        names = {"names": ["nope"]}
+        change = {"datastreams": [{"name": "nope", "max_tasks": 2}]}
+        assert (await http.post("/datastreams/batch/get", json=names,
+                                headers=basic("bob"))).status_code == 403
+        describe = {"principal": "bob", "permission": "allow", "operation": "describe",
+                    "resource_type": "cluster", "pattern": "cluster"}
+        added = await http.post("/acls", headers=basic("admin"), json={"acls": [describe]})
+        assert added.json() == {"added": 1}
+        got = await http.post("/datastreams/batch/get", json=names, headers=basic("bob"))
+        assert got.status_code == 200 and got.json()["errors"]["nope"]["code"] == \
+            "UNKNOWN_DATASTREAM"
+        for method, path, body in (("PATCH", "/datastreams/nope", {"max_tasks": 2}),
+                                   ("POST", "/datastreams/batch/update", change)):
+            refused = await http.request(method, path, json=body, headers=basic("bob"))
+            assert refused.status_code == 403
+            assert refused.json()["error"]["operation"] == "cluster_admin"
+            allowed = await http.request(method, path, json=body, headers=basic("admin"))
+            assert allowed.status_code == 404  # past authorization: no such datastream
+    async with login(secured, "bob") as bob:
+        with pytest.raises(NotAuthorized):
+            await bob.update_datastream("nope", max_tasks=2)
+        assert (await bob.batch_get_datastreams(["nope"]))["datastreams"] == []

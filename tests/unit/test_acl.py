@@ -159,6 +159,11 @@ def test_requests_name_what_they_need() -> None:
     assert required(m.DatastreamRequest("list")) == [("describe", "cluster", "cluster")]
     assert required(m.DatastreamRequest("pause", "d")) == [
         ("cluster_admin", "cluster", "cluster")]
+    assert required(m.DatastreamRequest("batch_get", body={"names": ["d"]})) == [
+        ("describe", "cluster", "cluster")]
+    for action in ("update", "batch_update"):
+        assert required(m.DatastreamRequest(action, "d")) == [
+            ("cluster_admin", "cluster", "cluster")]
     assert required(m.MetadataRequest(None)) == []  # filtered, not refused
     assert required(m.MetadataRequest(["a"])) == [("describe", "stream", "a")]
     commit = m.CommitOffsetRequest("g", [{"stream": "s", "partition": 0, "offset": 1}])
