@@ -40,7 +40,7 @@ def _human(d: dict[str, Any]) -> str:
 async def create(js: Client, args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"max_tasks": args.max_tasks,
                                "partition_mapping": args.partition_mapping}
-    for name in ("batch_records_max", "in_flight_max"):
+    for name in ("batch_records_max", "in_flight_max", "rate_limit_records_per_s"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.label:
@@ -56,7 +56,8 @@ async def create(js: Client, args: argparse.Namespace) -> int:
 
 async def update(js: Client, args: argparse.Namespace) -> int:
     changes: dict[str, Any] = {name: getattr(args, name) for name in (
-        "max_tasks", "batch_records_max", "in_flight_max") if getattr(args, name) is not None}
+        "max_tasks", "batch_records_max", "in_flight_max", "rate_limit_records_per_s")
+        if getattr(args, name) is not None}
     if args.label is not None:
         changes["labels"] = parse_pairs(args.label, "--label")
     for end in ("source", "destination"):
@@ -66,7 +67,8 @@ async def update(js: Client, args: argparse.Namespace) -> int:
             changes[end] = {"settings": settings}
     if not changes:
         raise UsageError("nothing to update: give --max-tasks, --batch-records-max, "
-                         "--in-flight-max, --label, --source, --destination or --remove-*")
+                         "--in-flight-max, --rate-limit-records-per-s, --label, --source, "
+                         "--destination or --remove-*")
     described = await js.update_datastream(args.name, changes)
     emit(args, described, "updated " + _human(described))
     return 0
@@ -135,6 +137,8 @@ def add_commands(commands: Any, leaf: Any) -> None:
     made.add_argument("--max-tasks", type=int, default=1)
     made.add_argument("--batch-records-max", type=int)
     made.add_argument("--in-flight-max", type=int)
+    made.add_argument("--rate-limit-records-per-s", type=int,
+                      help="records a second the datastream writes at most, all tasks")
     made.add_argument("--partition-mapping", choices=["same", "key_hash"], default="same")
     made.add_argument("--label", action="append", metavar="KEY=VALUE")
     made = leaf(sub, "update", update, "change a datastream's options or settings (its tasks "
@@ -143,6 +147,8 @@ def add_commands(commands: Any, leaf: Any) -> None:
     made.add_argument("--max-tasks", type=int)
     made.add_argument("--batch-records-max", type=int)
     made.add_argument("--in-flight-max", type=int)
+    made.add_argument("--rate-limit-records-per-s", type=int,
+                      help="records a second the datastream writes at most, all tasks")
     made.add_argument("--label", action="append", metavar="KEY=VALUE",
                       help="the new labels (replace all of them), repeatable")
     for end in ("source", "destination"):

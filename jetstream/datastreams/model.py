@@ -38,6 +38,8 @@ DATASTREAMS_MAX = 1000
 #: Bounds of the options (records per batch, records in flight per task partition).
 BATCH_RECORDS_MAX = 10_000
 IN_FLIGHT_MAX = 100_000
+#: The highest `rate_limit_records_per_s` (a datastream's records a second, all tasks).
+RATE_LIMIT_MAX = 10_000_000
 #: The largest settings map (JSON characters), and most source partitions a task reads.
 SETTINGS_KEYS_MAX = 64
 SOURCE_PARTITIONS_MAX = 1024
@@ -118,6 +120,8 @@ class DatastreamConfig:
     in_flight_max: int = 1000
     partition_mapping: PartitionMapping = PartitionMapping.SAME
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: Records a second the datastream writes at most, shared by its tasks (None: no limit).
+    rate_limit_records_per_s: int | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -129,6 +133,12 @@ class DatastreamConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
                 raise InvalidDatastreamConfig(
                     f"{name} must be an integer in [1, {high}], got {value!r}", field=name)
+        rate = self.rate_limit_records_per_s
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int)
+                                 or not 1 <= rate <= RATE_LIMIT_MAX):
+            raise InvalidDatastreamConfig(
+                f"rate_limit_records_per_s must be null or an integer in [1, {RATE_LIMIT_MAX}],"
+                f" got {rate!r}", field="rate_limit_records_per_s")
         try:
             object.__setattr__(self, "partition_mapping",
                                PartitionMapping(self.partition_mapping))
@@ -157,7 +167,8 @@ class DatastreamConfig:
                 "destination": self.destination.shown(), "max_tasks": self.max_tasks,
                 "batch_records_max": self.batch_records_max,
                 "in_flight_max": self.in_flight_max,
-                "partition_mapping": self.partition_mapping.value, "labels": dict(self.labels)}
+                "partition_mapping": self.partition_mapping.value, "labels": dict(self.labels),
+                "rate_limit_records_per_s": self.rate_limit_records_per_s}
 
     @classmethod
     def from_dict(cls, data: object) -> DatastreamConfig:

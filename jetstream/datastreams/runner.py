@@ -54,6 +54,7 @@ from jetstream.datastreams.commands import (
 from jetstream.datastreams.connector import Endpoints
 from jetstream.datastreams.ends import PartitionEnds, open_ends
 from jetstream.datastreams.model import DatastreamState, TaskAssignment, TaskStatus
+from jetstream.datastreams.rate import TokenBucket, task_rate
 from jetstream.datastreams.security import scrub, secret_values
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
@@ -262,10 +263,12 @@ class Runner:
                 client_id = f"datastream-{run.name}-{run.task}-b{self.broker_id}"
                 ends = await open_ends(ds, run.partitions, run.epoch, self._endpoints(),
                                        client_id, opened)
+                rate = task_rate(ds.config.rate_limit_records_per_s, len(ds.tasks))
+                bucket = None if rate is None else TokenBucket.full(rate, time.monotonic())
                 run.status = TaskStatus.RUNNING
                 async with asyncio.TaskGroup() as group:
                     for p in run.partitions:
-                        group.create_task(self._partition(run, p, ends[p]))
+                        group.create_task(self._partition(run, p, ends[p], bucket))
                 return  # the partition loops only return when the broker hands off
             except Exception as failed:
                 error = _first(failed)
@@ -284,9 +287,11 @@ class Runner:
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, BACKOFF_S_MAX)
 
-    async def _partition(self, run: TaskRun, partition: int, ends: PartitionEnds) -> None:
+    async def _partition(self, run: TaskRun, partition: int, ends: PartitionEnds,
+                         bucket: TokenBucket | None) -> None:
         """Loop over one of the task's partitions (`ends.source_partition` at the source:
-        the same number unless the source is a label selector)."""
+        the same number unless the source is a label selector), at the pace of the task's
+        `bucket` (its share of the datastream's rate limit) when it has one."""
         reader, writer, source_partition = ends.reader, ends.writer, ends.source_partition
         progress = run.progress.setdefault(partition, PartitionProgress())
         group = self._check_owner(run).config.checkpoint_group
@@ -308,6 +313,10 @@ class Runner:
                 return  # read, not written: the next owner reads it again
             progress.end_position = batch.end_position
             count = len(batch.records)
+            if bucket is not None and count:
+                wait_s = bucket.take(count, time.monotonic())
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)  # the rate limit: paid before the write
             size = sum(record.size_bytes() for record in batch.records)
             progress.records_in += count
             progress.bytes_in += size

@@ -26,7 +26,8 @@ from jetstream.datastreams.model import DatastreamConfig, check_name
 from jetstream.errors import InvalidDatastreamConfig
 
 #: Top-level fields an update may carry (besides `name`, which says which datastream).
-OPTIONS = ("max_tasks", "batch_records_max", "in_flight_max", "labels")
+OPTIONS = ("max_tasks", "batch_records_max", "in_flight_max", "labels",
+           "rate_limit_records_per_s")
 #: Settings (of a source or a destination, whatever its type) that never change.
 FIXED_SETTINGS = ("stream", "selector", "path")
 #: The most datastreams one batch request names.

@@ -218,6 +218,25 @@ async def test_mirror_pause_resume(broker: BrokerProcess, remote: BrokerProcess)
             assert len(health["datastreams"]["tasks"]) == 2
 
 
+async def test_a_rate_limited_mirror_keeps_its_pace(broker: BrokerProcess,
+                                                     remote: BrokerProcess) -> None:
+    """300 records under a limit of 100 a second (a second's burst, then the pace): the
+    mirror takes two seconds at least, and is whole and exactly once."""
+    async with jetstream.connect(broker.address) as source, \
+            jetstream.connect(remote.address) as destination:
+        await source.create_stream("orders", "orders", partitions=2)
+        await destination.create_stream("orders", "orders", partitions=2)
+        await publish(source, 0, 300)
+        definition = mirror_of(broker, rate_limit_records_per_s=100, batch_records_max=10)
+        started = time.monotonic()
+        created = await destination.create_datastream(
+            definition["name"], definition["source"], definition["destination"],
+            rate_limit_records_per_s=100, batch_records_max=10)
+        assert created["rate_limit_records_per_s"] == 100
+        await assert_mirrored(source, destination, [150, 150])
+        assert time.monotonic() - started >= 1.9
+
+
 async def test_update_rotates_settings_and_batches(broker: BrokerProcess,
                                                    remote: BrokerProcess) -> None:
     """A datastream created with a wrong source broker list runs once an update rotates it;
