@@ -121,9 +121,12 @@ class PartitionTier:
         self._generation = self.index.generation
         # The backlog as of now, whether the store answers this pass or not.
         sealed, active_bytes = offload.sealed_infos(log_)
-        self.metrics.backlog_bytes = plan_offload(
-            sealed, active_bytes, high_watermark, self.index, LocalRetention(None, None),
-            wall_ms).backlog_bytes
+        plan = plan_offload(sealed, active_bytes, high_watermark, self.index,
+                            LocalRetention(None, None), wall_ms)
+        # (a compacted stream's dirty part is counted until the pass, which reads the
+        # cleaner's checkpoint off the loop, says better)
+        self.metrics.backlog_bytes = offload.backlog_bytes(self.settings, plan, sealed,
+                                                           high_watermark, self.index, None)
         task = PassInput(self.settings, self.stream, self.partition, high_watermark,
                          tuple(self.index.all()), frozenset(self.verified),
                          list_now=not self.listed or now_ms >= self._next_list_ms,
@@ -201,7 +204,7 @@ class PartitionTier:
                 continue
             self.store_error = None
             self.apply(PassResult(listed=listed), generation, _monotonic_ms())
-            end = self.index.end_offset
+            end = self.index.any_end_offset
             if (end is not None and log_.log_start_offset == log_.log_end_offset
                     and end > log_.log_end_offset):
                 await loop.run_in_executor(self._executor, log_.truncate_fully_and_start_at,
@@ -256,7 +259,7 @@ class PartitionTier:
 
     def describe_fragments(self) -> list[dict[str, Any]]:
         store = self.store()
-        useful = {f.name for f in self.index.fragments}
+        useful = self.index.useful()
         return [_fragment_dict(store, f, f.name in useful) for f in self.index.all()]
 
     async def prune(self, log_: Log, before_offset: int | None, before_ms: int | None
@@ -297,6 +300,7 @@ def _fragment_dict(store: FragmentStore, fragment: StoredFragment, useful: bool
     name = fragment.name
     return {"begin": name.begin, "end": name.end, "leader_epoch": name.leader_epoch,
             "sha256": name.sha256, "compression": name.compression.value,
+            "format": name.kind.value,
             "size_bytes": fragment.size_bytes, "modified_ms": fragment.modified_ms,
             "url": store.url_of(name), "redundant": not useful}
 
