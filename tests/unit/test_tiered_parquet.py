@@ -251,3 +251,25 @@ def test_fragment_format_setting() -> None:
 def _stored(log: Log) -> list[fmt.StoredRecord]:
     from tests.unit.log_helpers import read_all
     return read_all(log)
+
+
+def test_a_store_read_plan_cuts_ranges_at_the_parquet_run() -> None:
+    from jetstream.spark.store_planning import partition_fragments, plan_store_read
+
+    def entry(begin: int, end: int, form: str = "parquet") -> dict[str, object]:
+        return {"begin": begin, "end": end, "leader_epoch": 0, "sha256": f"{begin:064x}",
+                "format": form, "size_bytes": 1, "modified_ms": 0,
+                "url": f"s3://b/p/{STREAM}/0/{begin}.parquet"}
+
+    found = partition_fragments(STREAM, 0, [entry(0, 10), entry(10, 20), entry(30, 40),
+                                            entry(0, 40, "segment")])
+    assert found.stored_start(15) == 0 and found.stored_start(0) is None
+    plan = plan_store_read({(STREAM, 0): (5, 35), (STREAM, 1): (0, 9), (STREAM, 2): (3, 3)},
+                           {(STREAM, 0): found})
+    [piece] = plan.pieces
+    assert (piece.partition, piece.start, piece.end) == (0, 5, 20)  # up to the gap at 20
+    assert piece.urls == (f"s3a://b/p/{STREAM}/0/0.parquet", f"s3a://b/p/{STREAM}/0/10.parquet")
+    assert plan.tail == {(STREAM, 0): (20, 35), (STREAM, 1): (0, 9), (STREAM, 2): (3, 3)}
+    short = plan_store_read({(STREAM, 0): (12, 15)}, {(STREAM, 0): found})
+    assert [(p.start, p.end) for p in short.pieces] == [(12, 15)]
+    assert short.tail == {(STREAM, 0): (15, 15)}
