@@ -145,11 +145,12 @@ async def _offsets_at(client: Client, keys: Sequence[tuple[str, int]], timestamp
 
 async def plan_read(client: Client, options: ReadOptions, bounds: OffsetBounds,
                     stored_starts: Mapping[tuple[str, int], int] | None = None, *,
-                    tasks: bool = True) -> Plan:
+                    tasks: bool = True, streams: Sequence[StreamInfo] | None = None) -> Plan:
     """Plan a batch read (see jetstream.spark.planning); `stored_starts`: see
     partition_listing; `tasks=False`: the ranges only (jetstream.spark.store_read plans
-    its own reads of them)."""
-    streams = await resolve_streams(client, options)
+    its own reads of them); `streams`: resolve_streams's answer, when the caller has it."""
+    if streams is None:
+        streams = await resolve_streams(client, options)
     if bounds.streams is not None:
         streams = [info for info in streams if info.name in bounds.streams]
     listings = await _listings(client, streams, bounds)

@@ -42,6 +42,9 @@ class ParquetPiece:
     start: int
     end: int
     urls: tuple[str, ...]
+    #: The offsets the files hold together ([files_begin, files_end) covers [start, end)).
+    files_begin: int = 0
+    files_end: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,8 @@ def plan_store_read(ranges: Mapping[tuple[str, int], tuple[int, int]],
         assert found is not None
         split = min(run[-1].end, end)
         pieces.append(ParquetPiece(key[0], key[1], start, split,
-                                   tuple(found.urls[f.name] for f in run)))
+                                   tuple(found.urls[f.name] for f in run), run[0].begin,
+                                   run[-1].end))
         files += len(run)
         if files > PARQUET_FILES_MAX:
             raise InvalidSparkOption(f"the read would open more than {PARQUET_FILES_MAX} "

@@ -39,6 +39,7 @@ from jetstream.spark.planned_source import NAME as PLANNED
 from jetstream.spark.planned_source import TASKS_OPTION, PlannedDataSource, encode_tasks
 from jetstream.spark.planning import OffsetBounds, Ranges, ReadTask, plan_tasks
 from jetstream.spark.store_planning import (
+    ParquetPiece,
     PartitionFragments,
     StorePlan,
     partition_fragments,
@@ -88,6 +89,7 @@ async def plan_async(client: Client, options: ReadOptions, *, parquet: bool = Tr
     streams = await resolve_streams(client, options)
     fragments: dict[tuple[str, int], PartitionFragments] = {}
     stored_starts: dict[tuple[str, int], int] = {}
+    local_starts: dict[tuple[str, int], int] = {}
     if parquet and not options.compacted_latest:
         for info in streams:
             if not _has_parquet(info.config):
@@ -96,17 +98,34 @@ async def plan_async(client: Client, options: ReadOptions, *, parquet: bool = Tr
                 key = (info.name, int(entry["partition"]))
                 found = fragments[key] = partition_fragments(key[0], key[1],
                                                              entry["fragments"])
-                start = found.stored_start(int(entry["local_log_start_offset"]))
+                local_starts[key] = int(entry["local_log_start_offset"])
+                start = found.stored_start(local_starts[key])
                 if start is not None:
                     stored_starts[key] = start
     source_plan = await plan_read(client, options, OffsetBounds(), stored_starts,
-                                  tasks=False)
+                                  tasks=False, streams=streams)
     store = plan_store_read(source_plan.ranges.ranges, fragments)
-    tails = Ranges({key: span for key, span in store.tail.items() if span[0] < span[1]})
-    # The tails start at or above each leader's log start: the listings' segment files hold
-    # them (Parquet reaches at least that far wherever the range started below it).
-    tasks = plan_tasks(source_plan.listings, tails, options, OffsetBounds())
+    below, tails = tail_ranges(store, local_starts)
+    tasks = below + plan_tasks(source_plan.listings, tails, options, OffsetBounds())
     return PlannedRead(source_plan, store, tuple(tasks))
+
+
+def tail_ranges(store: StorePlan, local_starts: Mapping[tuple[str, int], int]
+                ) -> tuple[list[ReadTask], Ranges]:
+    """Tasks Fetching the part of each tail below its leader's local log start (where
+    Parquet stopped short of it: the leader serves it from its segment fragments, or it is
+    DATA_LOSS), and the rest of each tail, for the source's planner (the leaders' segment
+    files hold it)."""
+    below: list[ReadTask] = []
+    rest: dict[tuple[str, int], tuple[int, int]] = {}
+    for key, (start, end) in store.tail.items():
+        local = local_starts.get(key, start)
+        if start < min(local, end):
+            below.append(ReadTask(key[0], key[1], start, min(local, end), None))
+            start = min(local, end)
+        if start < end:
+            rest[key] = (start, end)
+    return below, Ranges(rest)
 
 
 def _has_parquet(config: Mapping[str, Any]) -> bool:
@@ -121,16 +140,19 @@ def dataframe(spark: SparkSession, planned: PlannedRead, options: Mapping[str, s
     frames: list[DataFrame] = []
     store = planned.store
     if store.pieces:
-        frames.append(spark.read.schema(SPARK_DDL).parquet(*store.urls).where(
-            reduce(lambda a, b: a | b, (_piece_rows(p.stream, p.partition, p.start, p.end)
-                                        for p in store.pieces))))
+        files = spark.read.schema(SPARK_DDL).parquet(*store.urls)
+        cut = [p for p in store.pieces if (p.start, p.end) != (p.files_begin, p.files_end)]
+        if cut:  # rows of files reaching past a piece's range are dropped
+            files = files.where(reduce(lambda a, b: a & b, (_piece_rows(p) for p in cut)))
+        frames.append(files)
     if planned.tail_tasks or not frames:
         frames.append(spark.read.format(PLANNED).options(**options)
                       .option(TASKS_OPTION, encode_tasks(planned.tail_tasks)).load())
     return reduce(lambda a, b: a.unionByName(b), frames)
 
 
-def _piece_rows(stream: str, partition: int, start: int, end: int) -> Column:
+def _piece_rows(piece: ParquetPiece) -> Column:
+    """Rows of other partitions, and rows of the piece's partition in its range."""
     from pyspark.sql import functions as F
-    return ((F.col("stream") == stream) & (F.col("partition") == partition)
-            & (F.col("offset") >= start) & (F.col("offset") < end))
+    return (~((F.col("stream") == piece.stream) & (F.col("partition") == piece.partition))
+            | ((F.col("offset") >= piece.start) & (F.col("offset") < piece.end)))

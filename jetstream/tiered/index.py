@@ -93,13 +93,15 @@ class Coverage:
         return True
 
     def run_from(self, begin: int, end: int) -> list[StoredFragment]:
-        """The fragments covering [begin, x) without a gap, for the largest x <= end they
-        reach (empty when none holds `begin`), in offset order."""
+        """The fragments covering [begin, x) without a gap or an overlap (each begins where
+        the one before ends; the first holds `begin`), for the largest x they reach up to
+        `end` (empty when none holds `begin`), in offset order: together they hold each
+        offset of [begin, x) once."""
         out: list[StoredFragment] = []
         at = begin
         while at < end:
             fragment = self.covering(at)
-            if fragment is None:
+            if fragment is None or (out and fragment.begin != at):
                 break
             out.append(fragment)
             at = fragment.end

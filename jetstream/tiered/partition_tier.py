@@ -30,6 +30,7 @@ from obstore.exceptions import NotFoundError
 from jetstream.errors import FragmentStoreUnavailable, OffsetOutOfRange
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.log import Log
+from jetstream.stream.segment import Segment
 from jetstream.tiered import offload
 from jetstream.tiered.index import FragmentIndex, StoredFragment
 from jetstream.tiered.names import FragmentName
@@ -240,6 +241,52 @@ class PartitionTier:
         self.metrics.store_read_bytes += piece.length
         self._read_ahead(store, fragment, log_.log_start_offset)
         return piece
+
+    async def offset_for_timestamp(self, timestamp_ms: int, log_: Log) -> int | None:
+        """The first offset below the local log start whose record is at least as recent as
+        `timestamp_ms`, from the stored history (None: no stored record is; the local log
+        answers). The fragments' newest timestamps are taken to rise with their offsets (the
+        broker stamps records as they arrive), so a binary search finds the fragment with a
+        download per step; within it the segment's time index finds the offset."""
+        chain = self._stored_chain(log_.log_start_offset)
+        low, high = 0, len(chain)
+        while low < high:
+            middle = (low + high) // 2
+            segment = await self._load(chain[middle], log_)
+            if segment.max_timestamp >= timestamp_ms:
+                high = middle
+            else:
+                low = middle + 1
+        loop = asyncio.get_running_loop()
+        for fragment in chain[low:]:
+            segment = await self._load(fragment, log_)
+            found = await loop.run_in_executor(self._executor, segment.offset_for_timestamp,
+                                               timestamp_ms)
+            if found is not None:
+                return max(found, fragment.begin)
+        return None
+
+    def _stored_chain(self, local_start: int) -> list[StoredFragment]:
+        """The fragments from the stored start up to the local log start, in order."""
+        chain: list[StoredFragment] = []
+        at = self.index.start_offset(local_start)
+        while at < local_start:
+            fragment = self.index.covering(at)
+            if fragment is None:
+                break
+            chain.append(fragment)
+            at = fragment.end
+        return chain
+
+    async def _load(self, fragment: StoredFragment, log_: Log) -> Segment:
+        """The fragment as a segment from the cache (downloaded when not there); a fragment
+        gone from the store since the last listing leaves the index: OFFSET_OUT_OF_RANGE."""
+        try:
+            return await self._cache.segment(self.store(), fragment.name)
+        except (NotFoundError, FileNotFoundError):
+            self.index.remove([fragment.name])
+            raise OffsetOutOfRange(fragment.begin, self.start_offset(log_),
+                                   log_.log_end_offset) from None
 
     def _read_ahead(self, store: FragmentStore, fragment: StoredFragment, local_start: int
                     ) -> None:

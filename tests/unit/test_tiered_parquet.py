@@ -273,3 +273,25 @@ def test_a_store_read_plan_cuts_ranges_at_the_parquet_run() -> None:
     short = plan_store_read({(STREAM, 0): (12, 15)}, {(STREAM, 0): found})
     assert [(p.start, p.end) for p in short.pieces] == [(12, 15)]
     assert short.tail == {(STREAM, 0): (15, 15)}
+
+
+def test_overlapping_parquet_fragments_are_never_read_twice() -> None:
+    from jetstream.spark.store_planning import StorePlan, partition_fragments, plan_store_read
+    from jetstream.spark.store_read import tail_ranges
+
+    def entry(begin: int, end: int) -> dict[str, object]:
+        return {"begin": begin, "end": end, "leader_epoch": 0, "sha256": f"{begin:064x}",
+                "format": "parquet", "size_bytes": 1, "modified_ms": 0,
+                "url": f"file:///s/{STREAM}/0/{begin}.parquet"}
+
+    # Two leaders cut segments differently: [0, 10) [10, 20) and [5, 25).
+    found = partition_fragments(STREAM, 0, [entry(0, 10), entry(10, 20), entry(5, 25)])
+    plan = plan_store_read({(STREAM, 0): (0, 30)}, {(STREAM, 0): found})
+    [piece] = plan.pieces
+    assert (piece.start, piece.end) == (0, 10)  # [5, 25) overlaps it: the run stops there
+    assert plan.tail == {(STREAM, 0): (10, 30)}
+    # A tail below the leader's local log start is Fetched (the leader's store serves it).
+    below, rest = tail_ranges(StorePlan((), {(STREAM, 0): (10, 30), (STREAM, 1): (0, 5)}),
+                              {(STREAM, 0): 22})
+    assert [(t.partition, t.start, t.end, t.files) for t in below] == [(0, 10, 22, None)]
+    assert rest.ranges == {(STREAM, 0): (22, 30), (STREAM, 1): (0, 5)}

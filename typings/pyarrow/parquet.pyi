@@ -5,7 +5,8 @@ from pyarrow import BufferOutputStream, Table
 def write_table(table: Table, where: str | BufferOutputStream, compression: str = "snappy",
                 *, row_group_size: int | None = None,
                 write_statistics: bool | list[str] = True,
-                write_page_checksum: bool = False) -> None: ...
+                write_page_checksum: bool = False,
+                use_dictionary: bool | list[str] = True) -> None: ...
 def read_table(source: Any, columns: list[str] | None = None) -> Table: ...
 
 class FileMetaData:
