@@ -98,6 +98,13 @@ async def test_history_gone_from_the_disk_is_read_from_parquet(
     source = rows_of(spark.read.format("jetstream").options(**options).load())
     assert source[0][2] >= local_start and source == everything[source[0][2]:]
     assert rows_of(jetstream.spark.read(spark, **options)) == everything
+    # A start by time found in the store: the source Fetches below its files (the leader
+    # serves them from the store).
+    wanted = everything[10][3]
+    first = min(r[2] for r in everything if r[3] >= wanted)
+    by_time = spark.read.format("jetstream").options(**options) \
+        .option("startingTimestamp", str(wanted)).load()
+    assert first <= 10 and rows_of(by_time) == everything[first:]
     # Explicit offsets below the local log start come from Parquet too.
     part = jetstream.spark.read(spark, startingOffsets={stream_name: {"0": 10}},
                                 endingOffsets={stream_name: {"0": 450}}, **options)
