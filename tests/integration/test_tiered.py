@@ -114,8 +114,10 @@ async def test_offloaded_history_reads_back_and_a_new_broker_serves_it(
         e = await extents(js)
         assert e["log_start_offset"] == 0 and e["stored_fragments"] > 0
         # Timestamp lookups reach into the store: the first record at least that recent.
-        stamps = [m.timestamp_ms for m in (await js.fetch(STREAM, 0, 0, max_bytes=1 << 20,
-                                                          max_wait_ms=0)).messages]
+        stamps: dict[int, int] = {}
+        while len(stamps) < 60:
+            result = await js.fetch(STREAM, 0, len(stamps), max_wait_ms=0)
+            stamps.update((m.offset, m.timestamp_ms) for m in result.messages)
         wanted = stamps[37]
         found = await js.offset_for_timestamp(STREAM, 0, wanted)
         assert found < e["local_log_start_offset"] and found <= 37
