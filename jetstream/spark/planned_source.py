@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import base64
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -25,8 +24,8 @@ from jetstream.errors import InvalidSparkOption
 from jetstream.spark.arrow_decode import SPARK_DDL
 from jetstream.spark.options import ReadOptions, parse_read_options
 from jetstream.spark.planning import ReadTask
-from jetstream.spark.source import read_columns
-from jetstream.spark.task_reader import TaskPartition, read_task
+from jetstream.spark.source import BatchReader, read_columns
+from jetstream.spark.task_reader import TaskPartition
 
 NAME = "jetstream_planned"
 TASKS_OPTION = "tasks"
@@ -48,21 +47,16 @@ def decode_tasks(text: str) -> list[ReadTask]:
     return tasks
 
 
-class PlannedReader(DataSourceReader):
+class PlannedReader(BatchReader):
+    """A batch read of tasks planned beforehand (read as format("jetstream") reads them)."""
+
     def __init__(self, options: ReadOptions, tasks: list[ReadTask], columns: Sequence[str]
                  ) -> None:
-        self.options = options
+        super().__init__(options, columns)
         self.tasks = tasks
-        self.columns = list(columns)
 
     def partitions(self) -> Sequence[InputPartition]:
         return [TaskPartition(task) for task in self.tasks]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, TaskPartition):
-            return  # no tasks: Spark runs one empty partition of its own
-        yield from read_task(partition.task, self.columns, self.options.brokers,
-                             verify=self.options.verify_crc, tls=self.options.tls)
 
 
 class PlannedDataSource(DataSource):
