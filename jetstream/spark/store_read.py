@@ -65,10 +65,8 @@ def read(spark: SparkSession, *, parquet: bool = True, **options: Any) -> DataFr
     columns of `format("jetstream")`): history from Parquet fragments where the streams
     have them, the rest through the source. `parquet=False` reads everything through the
     source."""
-    from jetstream.spark import register
     from jetstream.spark.source import options_of
 
-    register(spark)
     spark.dataSource.register(PlannedDataSource)
     text = options_of(options)
     planned = plan(parse_read_options(text), parquet=parquet)
