@@ -13,7 +13,9 @@ against one that does not.
 - Ingest: a broker process, the raw NATS publisher at a fixed rate, ack latency measured
   from each message's due time; a stream with 1 MiB segments offloading and deleting locally
   as it goes ÷ the same stream without a store, in the same run.
-- Spark over Parquet fragments is reported as null: Parquet fragments do not exist yet.
+- Spark over Parquet fragments (bench.tiered_spark): `jetstream.spark.read` of a stream whose
+  history is in Parquet fragments (`file://` store) ÷ Spark reading the same rows from a
+  plain Parquet dataset.
 `python -m bench.tiered --quick --json`.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import jetstream
+from bench import tiered_spark
 from bench.common import JsonObject, bench_main, cpu_seconds, publish_paced
 from jetstream.natsd import NatsServer
 from jetstream.server.process import BrokerProcess
@@ -49,8 +52,6 @@ MB = 1_000_000
 TARGETS = {"offload_vs_raw_put": 0.8, "store_read_vs_local": 0.5,
            "ingest_p99_ratio_offloading": 1.2, "spark_parquet_fragments_vs_parquet": 0.9}
 NO_RETENTION = TotalRetention(None, None, None)
-SPARK_NULL_REASON = ("Parquet fragments (fragment_format) are not implemented yet: there is "
-                     "nothing for Spark to read natively")
 
 
 def _fill(directory: Path, segment_bytes: int, total_bytes: int, record_bytes: int) -> Log:
@@ -198,12 +199,13 @@ async def run(quick: bool) -> JsonObject:
             results[backend] = {"offload": measure_offload(url, tmp / backend, quick),
                                 "read": await measure_read(url, tmp / backend, quick)}
         results["ingest_s3"] = await measure_ingest(s3, bucket, tmp, quick)
+        results["spark_file"] = await tiered_spark.measure(tmp, quick)
     results["offload_vs_raw_put"] = results["s3"]["offload"]["offload_vs_raw_put"]
     results["store_read_vs_local"] = results["s3"]["read"]["store_read_vs_local"]
     results["ingest_p99_ratio_offloading"] = \
         results["ingest_s3"]["ingest_p99_ratio_offloading"]
-    results["spark_parquet_fragments_vs_parquet"] = None
-    results["spark_parquet_fragments_vs_parquet_reason"] = SPARK_NULL_REASON
+    results["spark_parquet_fragments_vs_parquet"] = \
+        results["spark_file"]["spark_parquet_fragments_vs_parquet"]
     return results
 
 
@@ -226,8 +228,17 @@ def table(results: JsonObject) -> str:
                  f"= {ingest['ingest_p99_ratio_offloading']:.2f}x (target <= 1.2), "
                  f"{ingest['offloaded_fragments']} fragments offloaded, generator send lag "
                  f"p99 {ingest['send_lag_p99_ms']:.2f} ms")
-    reason = results["spark_parquet_fragments_vs_parquet_reason"]
-    lines.append(f"spark over Parquet fragments: null ({reason})")
+    spark = results["spark_file"]
+    lines.append(
+        f"spark over Parquet fragments / plain Parquet (file://, {spark['rows']:,} rows in "
+        f"{spark['parquet_fragments']} fragments, tail {spark['tail_records']:,} records): "
+        f"{spark['parquet_fragments_read']['rows_per_s']:,.0f} / "
+        f"{spark['plain_parquet_read']['rows_per_s']:,.0f} rows/s = "
+        f"{spark['spark_parquet_fragments_vs_parquet']:.2f}x (target >= 0.9); CPU "
+        f"{spark['parquet_fragments_read']['cpu_us_per_row']:.2f} / "
+        f"{spark['plain_parquet_read']['cpu_us_per_row']:.2f} us/row; with the live tail "
+        f"through the source: {spark['with_tail_read']['rows_per_s']:,.0f} rows/s = "
+        f"{spark['with_tail_vs_parquet']:.2f}x; planning {spark['planning_seconds']:.3f} s")
     return "\n".join(lines)
 
 

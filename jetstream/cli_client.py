@@ -208,7 +208,8 @@ _COMPACTION_FLAGS = {
 }
 #: Flags of `stream create` and `stream update` for tiered storage.
 _TIERED_FLAGS = {"fragment_store": str, "fragment_compression": str, "local_retention_ms": int,
-                 "local_retention_bytes": int, "fragment_store_retention": str}
+                 "local_retention_bytes": int, "fragment_store_retention": str,
+                 "fragment_format": str}
 #: What `stream update` may change, and how a flag's text is read ("none": no limit).
 _UPDATE_FLAGS = {
     **_COMPACTION_FLAGS, "ack_policy": str, "fsync": str, "fsync_interval_ms": int,

@@ -1,8 +1,9 @@
 """`jetstream fragments list|prune STREAM`: a stream's history in its fragment store.
 
-`list` prints each fragment of each partition (or of `--partition N`): its offsets, size,
-compression and URL, and whether a longer overlapping fragment makes it redundant; then each
-partition's extents: what a consumer reads from the store and from the leader's disk.
+`list` prints each fragment of each partition (or of `--partition N`): its offsets, format
+(segment or parquet), size, compression and URL, and whether a longer overlapping fragment
+makes it redundant; then each partition's extents: what a consumer reads from the store and
+from the leader's disk.
 `prune --before WHERE` deletes the history ending at or before an offset (digits) or written
 before a time (ISO 8601, or an age such as 7d), from the store and from the leaders' disks.
 """
@@ -34,14 +35,15 @@ def extents_text(entries: list[dict[str, Any]]) -> str:
 
 
 def _fragment_rows(entries: list[dict[str, Any]], key: str) -> list[tuple[Any, ...]]:
-    return [(e["partition"], f["begin"], f["end"], f.get("size_bytes", "-"),
+    return [(e["partition"], f["begin"], f["end"], f.get("format", "segment"),
+             f.get("size_bytes", "-"),
              f.get("compression", "-"), "redundant" if f.get("redundant") else "stored",
              f["url"]) for e in entries for f in e[key]]
 
 
 async def fragments_list(js: Client, args: argparse.Namespace) -> int:
     found = await js.fragments(args.stream, args.partition)
-    text = table(["PARTITION", "BEGIN", "END", "SIZE", "COMPRESSION", "STATE", "URL"],
+    text = table(["PARTITION", "BEGIN", "END", "FORMAT", "SIZE", "COMPRESSION", "STATE", "URL"],
                  _fragment_rows(found, "fragments"))
     emit(args, {"stream": args.stream, "partitions": found},
          text + "\n\n" + extents_text(found))

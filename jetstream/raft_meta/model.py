@@ -69,6 +69,7 @@ class StreamConfig:
     local_retention_ms: int | None = None
     local_retention_bytes: int | None = None
     fragment_store_retention: tiered.StoreRetention = tiered.StoreRetention.DELETE
+    fragment_format: tiered.FragmentFormat = tiered.FragmentFormat.SEGMENT
 
     def __post_init__(self) -> None:
         names.check_stream_name(self.name)
@@ -151,6 +152,7 @@ class StreamConfig:
         out["cleanup_policy"] = self.cleanup_policy.value
         out["fragment_compression"] = self.fragment_compression.value
         out["fragment_store_retention"] = self.fragment_store_retention.value
+        out["fragment_format"] = self.fragment_format.value
         return out
 
     @classmethod

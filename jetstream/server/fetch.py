@@ -91,7 +91,13 @@ class Reads:
             return m.OffsetForTimestampResponse(leader.read_start_offset)
         if request.timestamp_ms == m.LATEST_TIMESTAMP:
             return m.OffsetForTimestampResponse(leader.high_watermark)
-        offset = leader.log.offset_for_timestamp(request.timestamp_ms)
+        log_ = leader.log
+        offset = log_.offset_for_timestamp(request.timestamp_ms)
+        if (offset == log_.log_start_offset and leader.tier is not None
+                and leader.read_start_offset < offset):
+            # The first local record is recent enough: an older one may be in the store.
+            stored = await leader.tier.offset_for_timestamp(request.timestamp_ms, log_)
+            offset = offset if stored is None else stored
         return m.OffsetForTimestampResponse(min(offset, leader.high_watermark))
 
     async def list_segments(self, request: m.ListSegmentsRequest) -> m.ListSegmentsResponse:

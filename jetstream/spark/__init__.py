@@ -9,6 +9,9 @@
 Python data sources, so filters on partition, offset and timestamp narrow what is read.
 `incremental` is a batch read that starts at a consumer group's committed offsets and, once
 the job's output is written, commits where it ended, so each run reads only new records.
+`read(spark, **options)` is a batch read as one DataFrame that takes the history of streams
+with Parquet fragments (tiered storage, `fragment_format` parquet or both) through Spark's
+native Parquet reader and only the rest through the source (jetstream.spark.store_read).
 
 The modules below this package import pyspark only where Spark needs it: the decoder and the
 segment reader run in Spark's Python workers without the rest of the client.
@@ -21,11 +24,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from jetstream.spark.incremental_read import IncrementalRead
 
-__all__ = ["incremental", "local_session", "register"]
+__all__ = ["incremental", "local_session", "read", "register"]
 
 #: Spark's switch for pushFilters on Python data sources (off by default in Spark 4.3).
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -61,3 +64,10 @@ def incremental(spark: SparkSession, group: str, **options: Any) -> IncrementalR
     """A batch read of what `group` has not read yet; see jetstream.spark.incremental_read."""
     from jetstream.spark.incremental_read import IncrementalRead
     return IncrementalRead.plan(spark, group, options)
+
+
+def read(spark: SparkSession, *, parquet: bool = True, **options: Any) -> DataFrame:
+    """A batch read as one DataFrame, history from Parquet fragments where the streams have
+    them; see jetstream.spark.store_read."""
+    from jetstream.spark.store_read import read as store_read
+    return store_read(spark, parquet=parquet, **options)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
@@ -49,6 +49,8 @@ def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
 class Plan:
     tasks: list[ReadTask]
     ranges: Ranges
+    #: What planning knew of each partition.
+    listings: tuple[PartitionListing, ...] = ()
 
 
 async def resolve_streams(client: Client, options: ReadOptions) -> list[StreamInfo]:
@@ -72,12 +74,17 @@ def _exists(path: str) -> bool:
     return fs.exists(inner)
 
 
-def partition_listing(listing: SegmentListing, options: ReadOptions) -> PartitionListing:
+def partition_listing(listing: SegmentListing, options: ReadOptions,
+                      stored_start: int | None = None) -> PartitionListing:
     """What planning needs of a leader's LIST_SEGMENTS answer, with the segment files the
-    read may open (none when it goes to the brokers)."""
+    read may open (none when it goes to the brokers). `stored_start`: where the history
+    readable from Parquet fragments starts, when it reaches below the leader's log start
+    (jetstream.spark.store_read)."""
     files, version_path = file_locations(listing, options)
+    start = listing.log_start_offset if stored_start is None else min(
+        stored_start, listing.log_start_offset)
     return PartitionListing(listing.stream, listing.partition, listing.high_watermark,
-                            listing.log_start_offset, files, version_path,
+                            start, files, version_path,
                             listing.stream_version if files else None)
 
 
@@ -136,9 +143,14 @@ async def _offsets_at(client: Client, keys: Sequence[tuple[str, int]], timestamp
     return dict(zip(keys, found, strict=True))
 
 
-async def plan_read(client: Client, options: ReadOptions, bounds: OffsetBounds) -> Plan:
-    """Plan a batch read (see jetstream.spark.planning)."""
-    streams = await resolve_streams(client, options)
+async def plan_read(client: Client, options: ReadOptions, bounds: OffsetBounds,
+                    stored_starts: Mapping[tuple[str, int], int] | None = None, *,
+                    tasks: bool = True, streams: Sequence[StreamInfo] | None = None) -> Plan:
+    """Plan a batch read (see jetstream.spark.planning); `stored_starts`: see
+    partition_listing; `tasks=False`: the ranges only (jetstream.spark.store_read plans
+    its own reads of them); `streams`: resolve_streams's answer, when the caller has it."""
+    if streams is None:
+        streams = await resolve_streams(client, options)
     if bounds.streams is not None:
         streams = [info for info in streams if info.name in bounds.streams]
     listings = await _listings(client, streams, bounds)
@@ -151,7 +163,7 @@ async def plan_read(client: Client, options: ReadOptions, bounds: OffsetBounds) 
     planned: list[PartitionListing] = []
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
     for listing, key in zip(listings, keys, strict=True):
-        view = partition_listing(listing, options)
+        view = partition_listing(listing, options, (stored_starts or {}).get(key))
         planned.append(view)
         start = planning.resolve_start(view, options, committed=committed.get(key),
                                        timestamp_offset=starts_at.get(key))
@@ -159,7 +171,10 @@ async def plan_read(client: Client, options: ReadOptions, bounds: OffsetBounds) 
         start = max(start, floors.get(key, 0))
         ranges[key] = planning.narrow(start, max(start, end), bounds)
     resolved = Ranges(ranges)
-    return Plan(planning.plan_tasks(planned, resolved, options, bounds), resolved)
+    if not tasks:
+        return Plan([], resolved, tuple(planned))
+    return Plan(planning.plan_tasks(planned, resolved, options, bounds), resolved,
+                tuple(planned))
 
 
 def run_plan(options: ReadOptions, bounds: OffsetBounds) -> Plan:

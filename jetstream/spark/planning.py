@@ -15,8 +15,10 @@ listings and the read options into tasks, with no IO:
   possible, so one big partition keeps every core busy. A compacted=latest read keeps one task
   per partition: only the whole partition knows which record of a key is the latest.
 - A task reads segment files when the planner may (readFrom files, or auto and the files are
-  reachable), else Fetches from the partition's leader. A file task that finds its segment
-  gone (compaction or retention removed it after planning) reads the rest from the broker.
+  reachable), else Fetches from the partition's leader; so does a task below the first
+  segment file (a start the leader found in its fragment store, tiered storage). A file
+  task that finds its segment gone (compaction or retention removed it after planning)
+  reads the rest from the broker.
 """
 
 from __future__ import annotations
@@ -160,7 +162,9 @@ def plan_tasks(listings: Sequence[PartitionListing], ranges: Ranges, options: Re
             pieces = split_offsets(start, end, bases, options.split_records)
         for piece_start, piece_end in pieces:
             files = None
-            if listing.segment_files:
+            # Offsets below the first segment file (a timestamp found in the leader's
+            # fragment store) are Fetched: the leader serves them from the store.
+            if listing.segment_files and piece_start >= bases[0]:
                 segments = tuple(SegmentFile(base, path) for base, path in listing.segment_files)
                 files = FileSplit(listing.stream, listing.partition, piece_start, piece_end,
                                   tuple(segments_for(piece_start, piece_end, segments)),

@@ -13,7 +13,13 @@ first; a fragment whose range lies inside what the ones before it cover adds not
 `redundant`. A read of an offset takes the fragment covering it that reaches furthest.
 
 Local segments are merged in by the reader: offsets at or past the local log start are read
-from disk, the rest from here. Pure: no IO, no clock.
+from disk, the rest from here.
+
+The index knows both kinds of fragment (jetstream.tiered.names.FragmentKind): segment
+fragments, which reads are served from (`covering`, `covers`, `start_offset`, ...), and
+Parquet fragments, resolved the same way on their own (`parquet`): a Parquet fragment never
+serves a consumer read, and a segment fragment never counts as Parquet coverage.
+Pure: no IO, no clock.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from jetstream.tiered.names import FragmentName
+from jetstream.tiered.names import FragmentKind, FragmentName
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,62 @@ def resolve(fragments: Iterable[StoredFragment]) -> tuple[list[StoredFragment],
     return useful, redundant
 
 
+class Coverage:
+    """The offsets fragments of one kind cover, resolved (see the module docstring)."""
+
+    def __init__(self, fragments: Iterable[StoredFragment] = ()) -> None:
+        self.useful, self.redundant = resolve(fragments)
+        self._begins = [f.begin for f in self.useful]
+
+    def covering(self, offset: int) -> StoredFragment | None:
+        """The fragment holding `offset` that reaches furthest, or None."""
+        i = bisect.bisect_right(self._begins, offset) - 1
+        # Useful fragments have rising ends too, so the last one starting at or below the
+        # offset reaches furthest; if it ends before the offset, none covers it.
+        if i >= 0 and self.useful[i].end > offset:
+            return self.useful[i]
+        return None
+
+    def covers(self, begin: int, end: int) -> bool:
+        """Whether every offset of [begin, end) is in some fragment."""
+        at = begin
+        while at < end:
+            fragment = self.covering(at)
+            if fragment is None:
+                return False
+            at = fragment.end
+        return True
+
+    def run_from(self, begin: int, end: int) -> list[StoredFragment]:
+        """The fragments covering [begin, x) without a gap or an overlap (each begins where
+        the one before ends; the first holds `begin`), for the largest x they reach up to
+        `end` (empty when none holds `begin`), in offset order: together they hold each
+        offset of [begin, x) once."""
+        out: list[StoredFragment] = []
+        at = begin
+        while at < end:
+            fragment = self.covering(at)
+            if fragment is None or (out and fragment.begin != at):
+                break
+            out.append(fragment)
+            at = fragment.end
+        return out
+
+    def start_offset(self, upper: int) -> int:
+        """The lowest offset from which the fragments cover every offset up to `upper`:
+        `upper` itself when no fragment ends at or past it."""
+        at = upper
+        i = bisect.bisect_left(self._begins, at) - 1
+        while i >= 0 and self.useful[i].end >= at:
+            at = self.useful[i].begin
+            i -= 1
+        return at
+
+    @property
+    def end_offset(self) -> int | None:
+        return self.useful[-1].end if self.useful else None
+
+
 class FragmentIndex:
     """See the module docstring."""
 
@@ -68,9 +130,8 @@ class FragmentIndex:
         #: name -> the generation it was added at by this broker (kept over older listings).
         self._added: dict[FragmentName, int] = {}
         self._generation = 0
-        self._useful: list[StoredFragment] = []
-        self._redundant: list[StoredFragment] = []
-        self._begins: list[int] = []
+        self._segment = Coverage()
+        self._parquet = Coverage()
         self._resolve()
 
     # -- changes ------------------------------------------------------------------------------
@@ -107,23 +168,36 @@ class FragmentIndex:
         self._resolve()
 
     def _resolve(self) -> None:
-        self._useful, self._redundant = resolve(self._all.values())
-        self._begins = [f.begin for f in self._useful]
+        kinds: dict[FragmentKind, list[StoredFragment]] = {k: [] for k in FragmentKind}
+        for fragment in self._all.values():
+            kinds[fragment.name.kind].append(fragment)
+        self._segment = Coverage(kinds[FragmentKind.SEGMENT])
+        self._parquet = Coverage(kinds[FragmentKind.PARQUET])
 
-    # -- queries ------------------------------------------------------------------------------
+    # -- queries (segment fragments but `parquet`, `all`, `size_bytes`) -----------------------
 
     @property
     def fragments(self) -> list[StoredFragment]:
-        """The useful fragments, in offset order."""
-        return list(self._useful)
+        """The useful segment fragments, in offset order."""
+        return list(self._segment.useful)
 
     @property
     def redundant(self) -> list[StoredFragment]:
-        return list(self._redundant)
+        return list(self._segment.redundant)
+
+    @property
+    def parquet(self) -> Coverage:
+        """The Parquet fragments."""
+        return self._parquet
 
     def all(self) -> list[StoredFragment]:
-        """Every fragment listed, useful or not, in offset order."""
-        return sorted(self._all.values(), key=lambda f: (f.begin, -f.end, f.name.sha256))
+        """Every fragment listed, of both kinds, useful or not, in offset order."""
+        return sorted(self._all.values(), key=lambda f: (f.begin, -f.end, f.name.sha256,
+                                                         f.name.kind))
+
+    def useful(self) -> set[FragmentName]:
+        """The fragments of both kinds that add coverage to their kind."""
+        return {f.name for f in (*self._segment.useful, *self._parquet.useful)}
 
     def __len__(self) -> int:
         return len(self._all)
@@ -134,36 +208,27 @@ class FragmentIndex:
         return sum(f.size_bytes for f in self._all.values())
 
     def covering(self, offset: int) -> StoredFragment | None:
-        """The fragment holding `offset` that reaches furthest, or None."""
-        i = bisect.bisect_right(self._begins, offset) - 1
-        best: StoredFragment | None = None
-        # Useful fragments have rising ends too, so the last one starting at or below the
-        # offset reaches furthest; if it ends before the offset, none covers it.
-        if i >= 0 and self._useful[i].end > offset:
-            best = self._useful[i]
-        return best
+        """The segment fragment holding `offset` that reaches furthest, or None."""
+        return self._segment.covering(offset)
 
     def covers(self, begin: int, end: int) -> bool:
-        """Whether every offset of [begin, end) is in some fragment."""
-        at = begin
-        while at < end:
-            fragment = self.covering(at)
-            if fragment is None:
-                return False
-            at = fragment.end
-        return True
+        """Whether every offset of [begin, end) is in some segment fragment."""
+        return self._segment.covers(begin, end)
 
     def start_offset(self, upper: int) -> int:
-        """The lowest offset from which the fragments cover every offset up to `upper` (the
-        local log start): `upper` itself when no fragment ends at or past it."""
-        at = upper
-        i = bisect.bisect_left(self._begins, at) - 1
-        while i >= 0 and self._useful[i].end >= at:
-            at = self._useful[i].begin
-            i -= 1
-        return at
+        """The lowest offset from which the segment fragments cover every offset up to
+        `upper` (the local log start): `upper` itself when no fragment ends at or past it."""
+        return self._segment.start_offset(upper)
 
     @property
     def end_offset(self) -> int | None:
-        """The end of the furthest fragment (None when the store holds none)."""
-        return self._useful[-1].end if self._useful else None
+        """The end of the furthest segment fragment (None when the store holds none)."""
+        return self._segment.end_offset
+
+    @property
+    def any_end_offset(self) -> int | None:
+        """The end of the furthest fragment of either kind (offsets a new log must not
+        reuse)."""
+        ends = [e for e in (self._segment.end_offset, self._parquet.end_offset)
+                if e is not None]
+        return max(ends) if ends else None

@@ -12,7 +12,10 @@ says everything a reader needs, so the store's listing alone describes what it h
 - `leader epoch` (decimal) is the epoch of the leader that uploaded it.
 - `sha256` (64 lowercase hex digits) is of the uncompressed bytes: the same content always
   gets the same name (an upload is idempotent), and a reader checks what it downloaded.
-- `ext` names the encoding: `seg` (none), `seg.zst`, `seg.lz4`, `seg.sz` (snappy).
+- `ext` names the encoding: `seg` (none), `seg.zst`, `seg.lz4`, `seg.sz` (snappy), or
+  `parquet` for a Parquet fragment (jetstream.tiered.parquet): the same records as columns,
+  named like the segment fragment it was made from (same offsets, epoch and the SHA-256 of
+  the segment's bytes), so the two kinds of a range pair up by name.
 Pure: no IO.
 """
 
@@ -44,13 +47,21 @@ class Compression(enum.StrEnum):
         return _EXTENSIONS[self]
 
 
+class FragmentKind(enum.StrEnum):
+    """What a fragment holds: segment bytes (served to consumers) or Parquet (analytics)."""
+
+    SEGMENT = "segment"
+    PARQUET = "parquet"
+
+
+PARQUET_EXTENSION = "parquet"
 _EXTENSIONS = {Compression.NONE: "seg", Compression.ZSTD: "seg.zst",
                Compression.LZ4: "seg.lz4", Compression.SNAPPY: "seg.sz"}
 _BY_EXTENSION = {ext: c for c, ext in _EXTENSIONS.items()}
 
 _FILE = re.compile(
     r"(?P<begin>[0-9a-f]{16})-(?P<end>[0-9a-f]{16})-(?P<epoch>0|[1-9][0-9]{0,9})-"
-    r"(?P<sha>[0-9a-f]{64})\.(?P<ext>seg(?:\.zst|\.lz4|\.sz)?)")
+    r"(?P<sha>[0-9a-f]{64})\.(?P<ext>seg(?:\.zst|\.lz4|\.sz)?|parquet)")
 assert OFFSET_HEX_DIGITS == 16 and SHA256_HEX_DIGITS == 64
 
 
@@ -68,7 +79,10 @@ class FragmentName:
     partition: int
     leader_epoch: int
     sha256: str
+    #: The segment bytes' encoding (NONE for a Parquet fragment: Parquet compresses its own
+    #: pages).
     compression: Compression
+    kind: FragmentKind = FragmentKind.SEGMENT
 
     def __post_init__(self) -> None:
         if not 0 <= self.begin < self.end <= OFFSET_MAX:
@@ -80,11 +94,24 @@ class FragmentName:
             raise BadFragmentName(f"leader epoch {self.leader_epoch} out of range")
         if len(self.sha256) != SHA256_HEX_DIGITS or not _is_lower_hex(self.sha256):
             raise BadFragmentName(f"sha256 {self.sha256!r} is not 64 lowercase hex digits")
+        if self.kind is FragmentKind.PARQUET and self.compression is not Compression.NONE:
+            raise BadFragmentName("a Parquet fragment's name carries no compression")
+
+    @property
+    def extension(self) -> str:
+        return (PARQUET_EXTENSION if self.kind is FragmentKind.PARQUET
+                else self.compression.extension)
 
     @property
     def file_name(self) -> str:
         return (f"{self.begin:016x}-{self.end:016x}-{self.leader_epoch}-{self.sha256}."
-                f"{self.compression.extension}")
+                f"{self.extension}")
+
+    def as_parquet(self) -> FragmentName:
+        """The name of the Parquet fragment made from this segment fragment's bytes."""
+        return FragmentName(self.begin, self.end, self.stream, self.partition,
+                            self.leader_epoch, self.sha256, Compression.NONE,
+                            FragmentKind.PARQUET)
 
     def key(self, prefix: str) -> str:
         """The object key under the store's `prefix` (may be empty)."""
@@ -126,8 +153,12 @@ def parse_file_name(file_name: str, stream: str, partition: int) -> FragmentName
     match = _FILE.fullmatch(file_name)
     if match is None:
         raise BadFragmentName(f"{file_name!r} is not a fragment file name")
+    ext = match["ext"]
+    parquet = ext == PARQUET_EXTENSION
     return FragmentName(int(match["begin"], 16), int(match["end"], 16), stream, partition,
-                        int(match["epoch"]), match["sha"], _BY_EXTENSION[match["ext"]])
+                        int(match["epoch"]), match["sha"],
+                        Compression.NONE if parquet else _BY_EXTENSION[ext],
+                        FragmentKind.PARQUET if parquet else FragmentKind.SEGMENT)
 
 
 def _is_lower_hex(text: str) -> bool:

@@ -14,8 +14,13 @@ blocking work in the broker's executor, on a private copy of the fragment index:
 3. Delete local sealed segments the local retention no longer keeps, only where fragments
    cover them that were verified: uploaded and checked by this pass, or downloaded and found
    to hold what their name says (fragments known from a listing alone).
+   With `fragment_format` parquet or both, the pass also writes each sealed, committed
+   segment (of a compacted stream: each cleaned one) as a Parquet fragment
+   (jetstream.tiered.parquet), read and checked the same way, put and verified by a HEAD;
+   with parquet alone no segment fragment is written.
 4. Retention past `retention_*` (unless `fragment_store_retention=external`): delete the
-   oldest fragments and the local segments below the same cut.
+   oldest fragments and the local segments below the same cut; Parquet fragments below it
+   go too, and by the same rules on their own.
 The loop's `finish` merges what the pass learned into the partition's index. A failing store
 fails the pass (FragmentStoreUnavailable): nothing local is deleted, the next pass comes after
 a backoff doubling up to `fragment_backoff_ms_max`, the backlog (bytes of committed sealed
@@ -31,18 +36,21 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from jetstream.compaction import checkpoint as cleaner_checkpoint
 from jetstream.errors import FragmentStoreUnavailable, SegmentsChanged
 from jetstream.stream import format as fmt
 from jetstream.stream.log import Log
-from jetstream.tiered import codec
+from jetstream.tiered import codec, parquet
 from jetstream.tiered.index import FragmentIndex, StoredFragment
-from jetstream.tiered.names import FragmentName
+from jetstream.tiered.names import Compression, FragmentKind, FragmentName
 from jetstream.tiered.planner import (
     LocalRetention,
+    OffloadPlan,
     SegmentInfo,
     TotalRetention,
     fragments_below,
     plan_offload,
+    plan_parquet,
     retention_cut,
 )
 from jetstream.tiered.settings import StoreRetention, TieredSettings
@@ -118,22 +126,77 @@ def run_pass(store: FragmentStore, log_: Log, task: PassInput,
     local = LocalRetention(settings.local_retention_ms, settings.local_retention_bytes)
     sealed, active_bytes = sealed_infos(log_)
     plan = plan_offload(sealed, active_bytes, task.high_watermark, index, local, task.now_ms)
-    result.backlog_bytes = plan.backlog_bytes
-    sizes = {s.base_offset: s.size_bytes for s in plan.uploads}
-    for fragment in upload_segments(store, log_, task, plan.uploads, step):
+    uploads = plan.uploads if settings.fragment_format.segments else ()
+    result.backlog_bytes = backlog_bytes(settings, plan, sealed, task.high_watermark, index,
+                                         clean_below(settings, log_))
+    sizes = {s.base_offset: s.size_bytes for s in uploads}
+    for fragment in upload_segments(store, log_, task, uploads, step):
         index.add(fragment)
         verified.add(fragment.name)
         result.uploaded.append(fragment)
         result.backlog_bytes -= sizes[fragment.begin]
+    if settings.fragment_format.parquet:
+        _write_parquet(store, log_, task, index, sealed, result, step)
     _verify_listed(store, index, verified, sealed, result)
-    trusted = FragmentIndex(f for f in index.all() if f.name in verified)
-    plan = plan_offload(sealed, active_bytes, task.high_watermark, trusted, local, task.now_ms)
-    if plan.delete_below is not None:
+    trusted = FragmentIndex(f for f in index.all() if f.name in verified
+                            or f.name.kind is FragmentKind.PARQUET)
+    plan = plan_offload(sealed, active_bytes, task.high_watermark, trusted, local, task.now_ms,
+                        parquet_too=settings.fragment_format.parquet)
+    if plan.delete_below is not None and settings.fragment_format.segments:
         result.local_deleted = log_.delete_segments_below(plan.delete_below)
         step("deleted_local")
     if settings.fragment_store_retention is StoreRetention.DELETE:
         _apply_retention(store, log_, index, task, result)
     return result
+
+
+def clean_below(settings: TieredSettings, log_: Log) -> int | None:
+    """A compacted stream's first dirty offset (Parquet waits for the cleaner below it)."""
+    if not settings.compacted:
+        return None
+    return cleaner_checkpoint.read(log_.directory).first_dirty_offset
+
+
+def backlog_bytes(settings: TieredSettings, plan: OffloadPlan, sealed: list[SegmentInfo],
+                  high_watermark: int, index: FragmentIndex, clean_below_offset: int | None
+                  ) -> int:
+    """Bytes of sealed, committed segments not yet in the store in every format asked."""
+    total = plan.backlog_bytes if settings.fragment_format.segments else 0
+    if settings.fragment_format.parquet:
+        total += plan_parquet(sealed, high_watermark, index.parquet, clean_below_offset)[1]
+    return total
+
+
+def _write_parquet(store: FragmentStore, log_: Log, task: PassInput, index: FragmentIndex,
+                   sealed: list[SegmentInfo], result: PassResult, step: StepHook) -> None:
+    """Write the segments Parquet does not cover yet as Parquet fragments, each verified."""
+    uploads, _backlog = plan_parquet(sealed, task.high_watermark, index.parquet,
+                                     clean_below(task.settings, log_))
+    for segment in uploads:
+        data = _read_segment(log_, task, segment)
+        step("read")
+        name = FragmentName(segment.base_offset, segment.next_offset, task.stream,
+                            task.partition, _last_epoch(data), codec.sha256_hex(data),
+                            Compression.NONE, FragmentKind.PARQUET)
+        payload = parquet.segment_parquet(data, task.stream, task.partition,
+                                          segment.base_offset, segment.next_offset,
+                                          task.settings.fragment_compression)
+        prepared = Prepared(segment, name, store.key(name), payload)
+        store.put(prepared.key, payload)
+        fragment = verify_upload(store, prepared, step)
+        index.add(fragment)
+        result.uploaded.append(fragment)
+        result.backlog_bytes -= segment.size_bytes
+
+
+def _read_segment(log_: Log, task: PassInput, segment: SegmentInfo) -> bytes:
+    """The bytes of one sealed segment, CRC-checked; SegmentsChanged when it changed."""
+    data, next_offset = log_.read_bytes(segment.base_offset, segment.size_bytes,
+                                        upper_bound=segment.next_offset)
+    if len(data) != segment.size_bytes or next_offset != segment.next_offset:
+        raise SegmentsChanged(f"segment {segment.base_offset} of {task.stream}/"
+                              f"{task.partition} changed while it was offloaded")
+    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +212,7 @@ class Prepared:
 def prepare_segment(store: FragmentStore, log_: Log, task: PassInput, segment: SegmentInfo,
                     step: StepHook) -> Prepared:
     """Read one sealed segment (CRC-checked), name it by its bytes and encode it."""
-    data, next_offset = log_.read_bytes(segment.base_offset, segment.size_bytes,
-                                        upper_bound=segment.next_offset)
-    if len(data) != segment.size_bytes or next_offset != segment.next_offset:
-        raise SegmentsChanged(f"segment {segment.base_offset} of {task.stream}/"
-                              f"{task.partition} changed while it was offloaded")
+    data = _read_segment(log_, task, segment)
     step("read")
     encoded = codec.encode(data, task.settings.fragment_compression)
     name = FragmentName(segment.base_offset, segment.next_offset, task.stream, task.partition,
@@ -229,10 +288,16 @@ def _apply_retention(store: FragmentStore, log_: Log, index: FragmentIndex, task
     local_bytes = sum(size for _base, size in snapshot.segments)
     cut = retention_cut(index, local_bytes, snapshot.log_end_offset, task.total_retention,
                         task.now_ms)
-    if cut is None:
-        return
-    doomed = fragments_below(index, cut)
-    delete_through(store, log_, index, doomed, cut, result)
+    if cut is not None:
+        delete_through(store, log_, index, fragments_below(index, cut), cut, result)
+    parquet_cut = retention_cut(index.parquet, local_bytes, snapshot.log_end_offset,
+                                task.total_retention, task.now_ms)
+    if parquet_cut is not None:
+        doomed = [f for f in index.all()
+                  if f.name.kind is FragmentKind.PARQUET and f.end <= parquet_cut]
+        store.delete([store.key(f.name) for f in doomed])
+        index.remove(f.name for f in doomed)
+        result.deleted_fragments.extend(doomed)
 
 
 def delete_through(store: FragmentStore, log_: Log, index: FragmentIndex,

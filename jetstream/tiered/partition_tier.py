@@ -30,6 +30,7 @@ from obstore.exceptions import NotFoundError
 from jetstream.errors import FragmentStoreUnavailable, OffsetOutOfRange
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.log import Log
+from jetstream.stream.segment import Segment
 from jetstream.tiered import offload
 from jetstream.tiered.index import FragmentIndex, StoredFragment
 from jetstream.tiered.names import FragmentName
@@ -121,9 +122,12 @@ class PartitionTier:
         self._generation = self.index.generation
         # The backlog as of now, whether the store answers this pass or not.
         sealed, active_bytes = offload.sealed_infos(log_)
-        self.metrics.backlog_bytes = plan_offload(
-            sealed, active_bytes, high_watermark, self.index, LocalRetention(None, None),
-            wall_ms).backlog_bytes
+        plan = plan_offload(sealed, active_bytes, high_watermark, self.index,
+                            LocalRetention(None, None), wall_ms)
+        # (a compacted stream's dirty part is counted until the pass, which reads the
+        # cleaner's checkpoint off the loop, says better)
+        self.metrics.backlog_bytes = offload.backlog_bytes(self.settings, plan, sealed,
+                                                           high_watermark, self.index, None)
         task = PassInput(self.settings, self.stream, self.partition, high_watermark,
                          tuple(self.index.all()), frozenset(self.verified),
                          list_now=not self.listed or now_ms >= self._next_list_ms,
@@ -201,7 +205,7 @@ class PartitionTier:
                 continue
             self.store_error = None
             self.apply(PassResult(listed=listed), generation, _monotonic_ms())
-            end = self.index.end_offset
+            end = self.index.any_end_offset
             if (end is not None and log_.log_start_offset == log_.log_end_offset
                     and end > log_.log_end_offset):
                 await loop.run_in_executor(self._executor, log_.truncate_fully_and_start_at,
@@ -238,6 +242,52 @@ class PartitionTier:
         self._read_ahead(store, fragment, log_.log_start_offset)
         return piece
 
+    async def offset_for_timestamp(self, timestamp_ms: int, log_: Log) -> int | None:
+        """The first offset below the local log start whose record is at least as recent as
+        `timestamp_ms`, from the stored history (None: no stored record is; the local log
+        answers). The fragments' newest timestamps are taken to rise with their offsets (the
+        broker stamps records as they arrive), so a binary search finds the fragment with a
+        download per step; within it the segment's time index finds the offset."""
+        chain = self._stored_chain(log_.log_start_offset)
+        low, high = 0, len(chain)
+        while low < high:
+            middle = (low + high) // 2
+            segment = await self._load(chain[middle], log_)
+            if segment.max_timestamp >= timestamp_ms:
+                high = middle
+            else:
+                low = middle + 1
+        loop = asyncio.get_running_loop()
+        for fragment in chain[low:]:
+            segment = await self._load(fragment, log_)
+            found = await loop.run_in_executor(self._executor, segment.offset_for_timestamp,
+                                               timestamp_ms)
+            if found is not None:
+                return max(found, fragment.begin)
+        return None
+
+    def _stored_chain(self, local_start: int) -> list[StoredFragment]:
+        """The fragments from the stored start up to the local log start, in order."""
+        chain: list[StoredFragment] = []
+        at = self.index.start_offset(local_start)
+        while at < local_start:
+            fragment = self.index.covering(at)
+            if fragment is None:
+                break
+            chain.append(fragment)
+            at = fragment.end
+        return chain
+
+    async def _load(self, fragment: StoredFragment, log_: Log) -> Segment:
+        """The fragment as a segment from the cache (downloaded when not there); a fragment
+        gone from the store since the last listing leaves the index: OFFSET_OUT_OF_RANGE."""
+        try:
+            return await self._cache.segment(self.store(), fragment.name)
+        except (NotFoundError, FileNotFoundError):
+            self.index.remove([fragment.name])
+            raise OffsetOutOfRange(fragment.begin, self.start_offset(log_),
+                                   log_.log_end_offset) from None
+
     def _read_ahead(self, store: FragmentStore, fragment: StoredFragment, local_start: int
                     ) -> None:
         """Fetch the next READ_AHEAD_FRAGMENTS fragments below the local log start."""
@@ -256,7 +306,7 @@ class PartitionTier:
 
     def describe_fragments(self) -> list[dict[str, Any]]:
         store = self.store()
-        useful = {f.name for f in self.index.fragments}
+        useful = self.index.useful()
         return [_fragment_dict(store, f, f.name in useful) for f in self.index.all()]
 
     async def prune(self, log_: Log, before_offset: int | None, before_ms: int | None
@@ -297,6 +347,7 @@ def _fragment_dict(store: FragmentStore, fragment: StoredFragment, useful: bool
     name = fragment.name
     return {"begin": name.begin, "end": name.end, "leader_epoch": name.leader_epoch,
             "sha256": name.sha256, "compression": name.compression.value,
+            "format": name.kind.value,
             "size_bytes": fragment.size_bytes, "modified_ms": fragment.modified_ms,
             "url": store.url_of(name), "redundant": not useful}
 

@@ -16,15 +16,22 @@ carries them out.
   record it holds), by size (stored and local bytes together) and by record count; a prune
   takes every fragment that ends at or before an offset. Everything at or below the cut
   goes, redundant fragments too, and local segments below it with them.
+- Parquet fragments (`fragment_format` parquet or both): a sealed, committed segment not yet
+  covered by Parquet fragments is written as one, a few per pass; of a compacted stream only
+  segments the cleaner has passed (below its first dirty offset), so Parquet holds cleaned
+  records. With both formats, a local segment leaves the disk only once Parquet covers it
+  too (it is what the Parquet fragment is made from). Retention takes Parquet fragments with
+  the history below a cut, and on their own by the same rules (age, their bytes with the
+  local log's, record count).
 Pure: no IO, no clock (`now_ms` is an argument).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from jetstream.tiered.index import FragmentIndex, StoredFragment
+from jetstream.tiered.index import Coverage, FragmentIndex, StoredFragment
 
 #: Most segments one offload pass uploads (the next pass takes the rest).
 UPLOADS_PER_PASS_MAX = 4
@@ -60,25 +67,44 @@ class OffloadPlan:
 
 def plan_offload(sealed: Sequence[SegmentInfo], active_bytes: int, high_watermark: int,
                  index: FragmentIndex, retention: LocalRetention, now_ms: int, *,
-                 uploads_max: int = UPLOADS_PER_PASS_MAX) -> OffloadPlan:
+                 uploads_max: int = UPLOADS_PER_PASS_MAX, parquet_too: bool = False
+                 ) -> OffloadPlan:
     """See the module docstring. `sealed`: oldest first; `active_bytes`: the active
-    segment's size (it counts toward `local_retention_bytes`)."""
-    pending = [s for s in sealed if s.next_offset <= high_watermark
-               and s.next_offset > s.base_offset and not index.covers(s.base_offset,
-                                                                       s.next_offset)]
+    segment's size (it counts toward `local_retention_bytes`); `parquet_too`: a segment
+    leaves the disk only once Parquet fragments cover it as well."""
+    pending = _not_covered(sealed, high_watermark, index.covers)
+    required = [index.covers, index.parquet.covers] if parquet_too else [index.covers]
     return OffloadPlan(tuple(pending[:uploads_max]),
-                       _delete_below(sealed, active_bytes, index, retention, now_ms),
+                       _delete_below(sealed, active_bytes, required, retention, now_ms),
                        sum(s.size_bytes for s in pending))
 
 
-def _delete_below(sealed: Sequence[SegmentInfo], active_bytes: int, index: FragmentIndex,
-                  retention: LocalRetention, now_ms: int) -> int | None:
+def _not_covered(sealed: Sequence[SegmentInfo], below: int,
+                 covers: Callable[[int, int], bool]) -> list[SegmentInfo]:
+    return [s for s in sealed if s.next_offset <= below and s.next_offset > s.base_offset
+            and not covers(s.base_offset, s.next_offset)]
+
+
+def plan_parquet(sealed: Sequence[SegmentInfo], high_watermark: int, parquet: Coverage,
+                 clean_below: int | None, *, uploads_max: int = UPLOADS_PER_PASS_MAX
+                 ) -> tuple[tuple[SegmentInfo, ...], int]:
+    """The segments to write as Parquet fragments (oldest first) and the bytes of all not
+    yet written. `clean_below`: a compacted stream's first dirty offset (None: not
+    compacted)."""
+    below = high_watermark if clean_below is None else min(high_watermark, clean_below)
+    pending = _not_covered(sealed, below, parquet.covers)
+    return tuple(pending[:uploads_max]), sum(s.size_bytes for s in pending)
+
+
+def _delete_below(sealed: Sequence[SegmentInfo], active_bytes: int,
+                  required: Sequence[Callable[[int, int], bool]], retention: LocalRetention,
+                  now_ms: int) -> int | None:
     if retention.local_retention_ms is None and retention.local_retention_bytes is None:
         return None
     local_bytes = active_bytes + sum(s.size_bytes for s in sealed)
     below: int | None = None
     for segment in sealed:
-        if not index.covers(segment.base_offset, segment.next_offset):
+        if not all(covers(segment.base_offset, segment.next_offset) for covers in required):
             break
         too_old = (retention.local_retention_ms is not None
                    and 0 <= segment.max_timestamp_ms < now_ms - retention.local_retention_ms)
@@ -98,10 +124,11 @@ class TotalRetention:
     retention_messages: int | None
 
 
-def retention_cut(index: FragmentIndex, local_bytes: int, log_end_offset: int,
+def retention_cut(index: FragmentIndex | Coverage, local_bytes: int, log_end_offset: int,
                   retention: TotalRetention, now_ms: int) -> int | None:
-    """The offset below which retention deletes the stored history (None: nothing)."""
-    fragments = index.fragments
+    """The offset below which retention deletes the stored history (None: nothing): of the
+    segment fragments of an index, or of the fragments of one Coverage (Parquet)."""
+    fragments = index.fragments if isinstance(index, FragmentIndex) else index.useful
     total_bytes = local_bytes + sum(f.size_bytes for f in fragments)
     cut: int | None = None
     for fragment in fragments:

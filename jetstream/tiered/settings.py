@@ -7,6 +7,10 @@
     local_retention_bytes     once older than this / once the local log holds more (None: kept)
     fragment_store_retention  delete (retention_* deletes fragments too) | external (the
                               bucket's lifecycle rules do)
+    fragment_format           segment (fragments in the segment format, which reads below
+                              the local log start are served from) | parquet (Parquet
+                              fragments only: an analytics copy; the history stays on the
+                              brokers' disks, so local_retention_* are refused) | both
 
 Credentials and endpoints never go in a stream's config (it is replicated and shown): the
 store library reads them from the broker's environment (AWS_*, GOOGLE_*, AZURE_* variables).
@@ -35,9 +39,26 @@ class StoreRetention(enum.StrEnum):
     EXTERNAL = "external"
 
 
+class FragmentFormat(enum.StrEnum):
+    """Which fragments the offload writes of each sealed, committed segment."""
+
+    SEGMENT = "segment"
+    PARQUET = "parquet"
+    BOTH = "both"
+
+    @property
+    def segments(self) -> bool:
+        return self is not FragmentFormat.PARQUET
+
+    @property
+    def parquet(self) -> bool:
+        return self is not FragmentFormat.SEGMENT
+
+
 #: The StreamConfig fields of this module, all changeable by a stream update.
 FIELDS = frozenset({"fragment_store", "fragment_compression", "local_retention_ms",
-                    "local_retention_bytes", "fragment_store_retention"})
+                    "local_retention_bytes", "fragment_store_retention",
+                    "fragment_format"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +68,9 @@ class TieredSettings:
     local_retention_ms: int | None
     local_retention_bytes: int | None
     fragment_store_retention: StoreRetention
+    fragment_format: FragmentFormat = FragmentFormat.SEGMENT
+    #: The stream is compacted: Parquet fragments are written of cleaned segments only.
+    compacted: bool = False
 
 
 def check_store_url(url: object) -> str:
@@ -76,7 +100,8 @@ def check_store_url(url: object) -> str:
 
 #: The fields holding an enum's value (StreamConfig checks and converts them with its own).
 ENUM_FIELDS: tuple[tuple[str, type[enum.Enum]], ...] = (
-    ("fragment_compression", Compression), ("fragment_store_retention", StoreRetention))
+    ("fragment_compression", Compression), ("fragment_store_retention", StoreRetention),
+    ("fragment_format", FragmentFormat))
 
 
 def check(config: Any) -> None:
@@ -97,6 +122,10 @@ def check(config: Any) -> None:
             raise InvalidStreamConfig(
                 f"{name} needs a fragment_store: without one the local log is all there is",
                 field=name)
+        if config.fragment_format is FragmentFormat.PARQUET:
+            raise InvalidStreamConfig(
+                f"{name} needs segment fragments (fragment_format segment or both): Parquet "
+                "fragments are an analytics copy that reads are not served from", field=name)
 
 
 def settings_of(config: Any) -> TieredSettings | None:
@@ -105,4 +134,6 @@ def settings_of(config: Any) -> TieredSettings | None:
         return None
     return TieredSettings(config.fragment_store, Compression(config.fragment_compression),
                           config.local_retention_ms, config.local_retention_bytes,
-                          StoreRetention(config.fragment_store_retention))
+                          StoreRetention(config.fragment_store_retention),
+                          FragmentFormat(config.fragment_format),
+                          bool(config.cleanup_policy.compacts))

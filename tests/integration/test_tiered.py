@@ -113,6 +113,15 @@ async def test_offloaded_history_reads_back_and_a_new_broker_serves_it(
         assert await read_values(js, 0, 400) == sent
         e = await extents(js)
         assert e["log_start_offset"] == 0 and e["stored_fragments"] > 0
+        # Timestamp lookups reach into the store: the first record at least that recent.
+        stamps: dict[int, int] = {}
+        while len(stamps) < 60:
+            result = await js.fetch(STREAM, 0, len(stamps), max_wait_ms=0)
+            stamps.update((m.offset, m.timestamp_ms) for m in result.messages)
+        wanted = stamps[37]
+        found = await js.offset_for_timestamp(STREAM, 0, wanted)
+        assert found < e["local_log_start_offset"] and found <= 37
+        assert stamps[found] >= wanted and (found == 0 or stamps[found - 1] < wanted)
         assert all(f["compression"] == "zstd" for f in (await js.fragments(STREAM))[0][
             "fragments"])
     body = await http_get(f"{tiered_broker.http_url}/streams/{STREAM}/partitions/0/"

@@ -247,3 +247,23 @@ def test_a_fragment_gone_since_the_listing_is_out_of_range(segmented: tuple[Log,
     with pytest.raises(OffsetOutOfRange) as info:
         asyncio.run(tier.read(0, 4096, 200, log))
     assert info.value.oldest == first.end and tier.index.covering(0) is None
+
+
+def test_timestamp_lookups_reach_into_the_store(tmp_path: Path) -> None:
+    log = make(tmp_path / "log", Clock(), segment_bytes_max=4096)
+    for i in range(200):  # one record a second, from T
+        log.append([fmt.Record(b"x" * 60, None, fmt.NO_HEADERS, "",
+                               1_700_000_000_000 + i * 1000)], 0)
+    expected = {t: log.offset_for_timestamp(t) for t in
+                (0, 1_700_000_000_000, 1_700_000_000_500, 1_700_000_037_000,
+                 1_700_000_120_000, 1_700_000_199_000, 1_800_000_000_000)}
+    _url, tier, _first = offloaded(log, tmp_path)
+    assert log.log_start_offset > 120  # most of the history is only in the store
+    for timestamp, offset in expected.items():
+        stored = asyncio.run(tier.offset_for_timestamp(timestamp, log))
+        local = log.offset_for_timestamp(timestamp)
+        # What the broker answers: the store's offset when one is older than the local start.
+        answer = stored if local == log.log_start_offset and stored is not None else local
+        assert answer == offset, (timestamp, stored, local)
+    assert asyncio.run(tier.offset_for_timestamp(1_800_000_000_000, log)) is None
+    log.close()
