@@ -216,27 +216,35 @@ def _reject_ext(code: int, data: bytes) -> Any:
     raise ValueError("extension types are not allowed")
 
 
+def _unpacked(payload: bytes | bytearray | memoryview) -> Any:
+    """The msgpack body after the prefix (raises on anything malformed)."""
+    with memoryview(payload) as view, view[PREFIX.size:] as body_bytes:
+        return msgpack.unpackb(body_bytes, raw=False, strict_map_key=True, max_ext_len=0,
+                               ext_hook=_reject_ext)
+
+
+def _from_body(body: Any) -> Envelope | None:
+    """The envelope of an unpacked body, None when it is not one; raises ProtocolError for a
+    bad field."""
+    if not isinstance(body, dict) or "value" not in body:
+        return None
+    batch_ack = body.get("batch_ack")
+    return Envelope(
+        value=body["value"],
+        key=body.get("key"),
+        headers=_or(body.get("headers"), {}),
+        ack_inbox=body.get("ack_inbox"),
+        correlation_id=body.get("correlation_id"),
+        ack_policy=body.get("ack_policy"),
+        batch_ack=False if batch_ack is None else batch_ack,
+        **{name: body[name] for name in EXPECTATION_FIELDS if name in body},
+    )
+
+
 def decode_envelope(payload: bytes | bytearray | memoryview) -> Envelope | None:
     """The envelope in `payload`, or None when it is a plain message. Never raises."""
     try:
-        if not is_envelope(payload):
-            return None
-        with memoryview(payload) as view, view[PREFIX.size:] as body_bytes:
-            body = msgpack.unpackb(body_bytes, raw=False, strict_map_key=True, max_ext_len=0,
-                                   ext_hook=_reject_ext)
-        if not isinstance(body, dict) or "value" not in body:
-            return None
-        batch_ack = body.get("batch_ack")
-        return Envelope(
-            value=body["value"],
-            key=body.get("key"),
-            headers=_or(body.get("headers"), {}),
-            ack_inbox=body.get("ack_inbox"),
-            correlation_id=body.get("correlation_id"),
-            ack_policy=body.get("ack_policy"),
-            batch_ack=False if batch_ack is None else batch_ack,
-            **{name: body[name] for name in EXPECTATION_FIELDS if name in body},
-        )
+        return _from_body(_unpacked(payload)) if is_envelope(payload) else None
     except Exception:  # whatever is wrong, the payload is a plain message
         return None
 
@@ -244,23 +252,21 @@ def decode_envelope(payload: bytes | bytearray | memoryview) -> Envelope | None:
 _VALUE_AND_KEY = frozenset(("value", "key"))
 
 
-def decode_value_and_key(payload: bytes | bytearray | memoryview
-                         ) -> tuple[bytes | None, bytes | None] | None:
-    """(value, key) of an envelope that holds nothing else (a keyed put or tombstone: the
-    hot path of compacted streams), or None for any other payload, which `decode_envelope`
-    then judges. Never raises."""
+def decode_published(payload: bytes | bytearray | memoryview
+                     ) -> tuple[bytes | None, bytes | None] | Envelope | None:
+    """`decode_envelope` for ingest, of a payload that starts with the envelope prefix,
+    unpacked once: an envelope holding only a value and a key (a keyed put or tombstone, the
+    hot path of compacted streams) comes back as (value, key) without building an Envelope.
+    Never raises."""
     try:
-        with memoryview(payload) as view, view[PREFIX.size:] as body_bytes:
-            body = msgpack.unpackb(body_bytes, raw=False, strict_map_key=True, max_ext_len=0,
-                                   ext_hook=_reject_ext)
-    except Exception:
+        body = _unpacked(payload)
+        if type(body) is dict and body.keys() <= _VALUE_AND_KEY and "value" in body:
+            value, key = body["value"], body.get("key")
+            if (value is None or type(value) is bytes) and (key is None or type(key) is bytes):
+                return value, key
+        return _from_body(body)
+    except Exception:  # whatever is wrong, the payload is a plain message
         return None
-    if type(body) is not dict or not body.keys() <= _VALUE_AND_KEY or "value" not in body:
-        return None
-    value, key = body["value"], body.get("key")
-    if (value is None or type(value) is bytes) and (key is None or type(key) is bytes):
-        return value, key
-    return None
 
 
 def _or(value: Any, default: Any) -> Any:

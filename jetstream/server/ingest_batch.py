@@ -22,7 +22,7 @@ from jetstream.idempotence.guard import Admitted, Duplicate, Expectations, Pass
 from jetstream.protocol import ack as ack_codec
 from jetstream.protocol.ack import AckEncoder
 from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
-from jetstream.protocol.envelope import AckPolicy, decode_envelope, decode_value_and_key
+from jetstream.protocol.envelope import AckPolicy, Envelope, decode_published
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.guarded import from_envelope, from_nats_headers
 from jetstream.server.nats_wire import NatsMsg
@@ -63,12 +63,11 @@ def take_messages(msgs: list[NatsMsg], stream: StreamConfig, refuse_all: bool,
     new_record = tuple.__new__
     value: bytes | None  # None: a tombstone (an envelope's nil value)
     for subject, reply, nats_headers, data in msgs:
-        enveloped = data.startswith(ENVELOPE_PREFIX)
-        plain = decode_value_and_key(data) if enveloped and not nats_headers else None
-        envelope = decode_envelope(data) if enveloped and plain is None else None
+        decoded = decode_published(data) if data.startswith(ENVELOPE_PREFIX) else None
+        envelope = decoded if isinstance(decoded, Envelope) else None
         expect: Expectations | str | None = None
-        if plain is not None:  # an envelope of a value and a key, nothing else
-            value, key = plain
+        if isinstance(decoded, tuple):  # an envelope of a value and a key, nothing else
+            value, key = decoded
             corr, inbox, headers = None, reply, NO_HEADERS
             policy, batch_ack, asks = default_policy, False, False
         elif envelope is None:
