@@ -342,16 +342,8 @@ static void send_listed(requester_t *r, conn_t *c, long slot) {
     out_append(c, "\r\n", 2);
 }
 
-static void send_request(requester_t *r, conn_t *c, long slot) {
-    int64_t t = now_ns();
-    r->sent_ns[slot] = t;
-    if (messages) {
-        send_listed(r, c, slot);
-        r->outstanding++;
-        r->next_seq++;
-        r->w->sent++;
-        return;
-    }
+/* A request of --size bytes on --subject, the send time first with --stamp. */
+static void send_fixed(requester_t *r, conn_t *c, long slot, int64_t t) {
     out_printf(c, "PUB %s %s.%ld %ld\r\n", opt.subject, r->inbox, slot, opt.size);
     long left = opt.size;
     if (opt.stamp) {
@@ -366,6 +358,15 @@ static void send_request(requester_t *r, conn_t *c, long slot) {
         left -= n;
     }
     out_append(c, "\r\n", 2);
+}
+
+static void send_request(requester_t *r, conn_t *c, long slot) {
+    int64_t t = now_ns();
+    r->sent_ns[slot] = t;
+    if (messages)
+        send_listed(r, c, slot);
+    else
+        send_fixed(r, c, slot, t);
     r->outstanding++;
     r->next_seq++;
     r->w->sent++;
