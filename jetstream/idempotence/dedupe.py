@@ -65,16 +65,13 @@ class IdWindow:
 
     def add(self, msg_id: str, offset: int, timestamp_ms: int) -> None:
         """Remember `msg_id` stored at `offset` (offsets only grow)."""
-        if msg_id in self._ids:  # stored twice: only possible past the window; keep the newest
-            del self._ids[msg_id]
-        self._ids[msg_id] = (offset, timestamp_ms)
-        while len(self._ids) > self.limits.ids_max:
-            self._ids.popitem(last=False)
+        self.add_all({msg_id: offset}, timestamp_ms)
 
     def add_all(self, staged: Mapping[str, int], timestamp_ms: int) -> None:
-        """`add` of every (message id -> offset) of `staged`, in its order."""
+        """Remember every (message id -> offset) of `staged`, in its order (offsets only
+        grow), the oldest forgotten past `ids_max`."""
         ids = self._ids
-        if not ids.keys().isdisjoint(staged):  # stored again past the window: the newest
+        if not ids.keys().isdisjoint(staged):  # stored twice: only past the window; the newest
             for msg_id in staged:
                 ids.pop(msg_id, None)
         ids.update((msg_id, (offset, timestamp_ms)) for msg_id, offset in staged.items())
