@@ -6,8 +6,9 @@ of one partition, and checkpoints in the source's `__offsets`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -153,11 +154,19 @@ async def publish(js: Client, first: int, count: int, partitions: int = 2) -> No
         partition=i % partitions) for i in range(first, first + count)])
 
 
-async def test_mirror_pause_resume(broker: BrokerProcess, remote: BrokerProcess) -> None:
-    async with jetstream.connect(broker.address) as source, \
-            jetstream.connect(remote.address) as destination:
+@contextlib.asynccontextmanager
+async def orders_on_both(source_broker: BrokerProcess, destination_broker: BrokerProcess
+                         ) -> AsyncIterator[tuple[Client, Client]]:
+    """Clients of both clusters, each holding the stream `orders` of 2 partitions."""
+    async with jetstream.connect(source_broker.address) as source, \
+            jetstream.connect(destination_broker.address) as destination:
         await source.create_stream("orders", "orders", partitions=2)
         await destination.create_stream("orders", "orders", partitions=2)
+        yield source, destination
+
+
+async def test_mirror_pause_resume(broker: BrokerProcess, remote: BrokerProcess) -> None:
+    async with orders_on_both(broker, remote) as (source, destination):
         await publish(source, 0, 200)
         definition = mirror_of(broker, max_tasks=2, batch_records_max=50)
         await destination.create_datastream(definition["name"], definition["source"],
@@ -222,10 +231,7 @@ async def test_a_rate_limited_mirror_keeps_its_pace(broker: BrokerProcess,
                                                      remote: BrokerProcess) -> None:
     """300 records under a limit of 100 a second (a second's burst, then the pace): the
     mirror takes two seconds at least, and is whole and exactly once."""
-    async with jetstream.connect(broker.address) as source, \
-            jetstream.connect(remote.address) as destination:
-        await source.create_stream("orders", "orders", partitions=2)
-        await destination.create_stream("orders", "orders", partitions=2)
+    async with orders_on_both(broker, remote) as (source, destination):
         await publish(source, 0, 300)
         definition = mirror_of(broker, rate_limit_records_per_s=100, batch_records_max=10)
         started = time.monotonic()
@@ -242,10 +248,7 @@ async def test_update_rotates_settings_and_batches(broker: BrokerProcess,
     """A datastream created with a wrong source broker list runs once an update rotates it;
     updates restart its tasks (new epochs) and it goes on mirroring exactly once; fixed
     fields are refused; batch get reports unknown names; batch update is all or none."""
-    async with jetstream.connect(broker.address) as source, \
-            jetstream.connect(remote.address) as destination:
-        await source.create_stream("orders", "orders", partitions=2)
-        await destination.create_stream("orders", "orders", partitions=2)
+    async with orders_on_both(broker, remote) as (source, destination):
         await publish(source, 0, 100)
         wrong = {"type": "jetstream", "settings": {"brokers": "127.0.0.1:1",
                                                    "stream": "orders"}}
