@@ -372,12 +372,10 @@ def parse_headers(block: bytes) -> dict[str, str]:
     text = block.decode(errors="replace")
     if text.startswith(_VERSION_LINE) and text.endswith("\r\n\r\n") and text.count("\r\n") == 3:
         # The common block: no status, one header (a publisher's Nats-Msg-Id).
-        key, colon, value = text[len(_VERSION_LINE):-4].partition(":")
-        key = key.strip()
-        return {key: value.strip()} if colon and key and _SPACE.search(key) is None else {}
+        found = _header_line(text[len(_VERSION_LINE):-4])
+        return {} if found is None else {found[0]: found[1]}
     lines = text.split("\r\n")
     headers: dict[str, str] = {}
-    has_space = _SPACE.search
     first = lines[0]
     if first.startswith(HEADER_VERSION):
         status = first[len(HEADER_VERSION):].strip()
@@ -389,11 +387,20 @@ def parse_headers(block: bytes) -> dict[str, str]:
                 headers[DESCRIPTION_KEY] = description
         lines = lines[1:]
     for line in lines:
-        key, colon, value = line.partition(":")
-        key = key.strip()
-        if colon and key and has_space(key) is None:
-            headers[key] = value.strip()
+        found = _header_line(line)
+        if found is not None:
+            headers[found[0]] = found[1]
     return headers
+
+
+def _header_line(line: str) -> tuple[str, str] | None:
+    """(name, value) of a `Name: value` line; None for a malformed one (no colon, an empty
+    name, whitespace in the name)."""
+    key, colon, value = line.partition(":")
+    key = key.strip()
+    if colon and key and _SPACE.search(key) is None:
+        return key, value.strip()
+    return None
 
 
 # -- encoders (client -> server) ------------------------------------------------------------
