@@ -130,6 +130,9 @@ class BrokerConfig:
     replica_leader_timeout_ms: int = 1_500
     #: Long-poll wait and size of one follower fetch.
     replica_fetch_wait_ms: int = 500
+    #: How long a leader holds a new HW with nothing else to send a waiting follower fetch,
+    #: for records to carry it (at a steady rate a commit then costs one round trip).
+    replica_fetch_hw_delay_ms: int = 5
     replica_fetch_bytes_max: int = 4 * MiB
     #: A broker whose metadata connection is down this long is taken as gone (failover).
     broker_timeout_ms: int = 3_000
@@ -254,6 +257,7 @@ class BrokerConfig:
         _range(self, "replica_lag_ms_max", 10, 3_600_000)
         _range(self, "replica_leader_timeout_ms", 10, 3_600_000)
         _range(self, "replica_fetch_wait_ms", 0, 60_000)
+        _range(self, "replica_fetch_hw_delay_ms", 0, 1_000)
         _range(self, "replica_fetch_bytes_max", 1024, 256 * MiB)
         _range(self, "broker_timeout_ms", 10, 3_600_000)
         _range(self, "fragment_cache_bytes_max", 1 * MiB, 1024 * 1024 * MiB)

@@ -99,12 +99,15 @@ class FetchSessions:
     """The sessions of this broker, as a leader (see the module docstring)."""
 
     def __init__(self, leader_of: Callable[[PartitionKey], PartitionLeader | None],
-                 not_leading: Callable[[PartitionKey], NotLeader] = lambda key: NotLeader(*key)
-                 ) -> None:
+                 not_leading: Callable[[PartitionKey], NotLeader] = lambda key: NotLeader(*key),
+                 hw_delay_ms: int = 0) -> None:
         """`not_leading` is the refusal of a partition no leader role serves here: it names
-        the leader the metadata knows, this broker itself while its role starts."""
+        the leader the metadata knows, this broker itself while its role starts.
+        `hw_delay_ms`: how long a waiting request holds news of a new HW alone (no records,
+        no new log start) before it answers with it (see `fetch`)."""
         self._leader_of = leader_of
         self._not_leading = not_leading
+        self._hw_delay_s = hw_delay_ms / 1000
         self._sessions: OrderedDict[int, FetchSession] = OrderedDict()
         self._by_replica: dict[int, FetchSession] = {}
         self._by_key: dict[PartitionKey, set[FetchSession]] = {}
@@ -176,18 +179,29 @@ class FetchSessions:
                                               unfit)
             except JetstreamError as exc:
                 errors[sp.key] = exc
+        # A new HW alone (the follower's own fetch just advanced it) waits `hw_delay_s` for
+        # records to ride with: at a steady rate the HW travels with the next records, and a
+        # commit costs the follower one round trip instead of two.
         deadline = time.monotonic() + request.max_wait_ms / 1000
+        hw_due: float | None = None
         while True:
             session.wake.clear()
-            answers, pieces = await self._collect(session, errors, request)
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            hw_now = not self._hw_delay_s or now >= deadline or (
+                hw_due is not None and now >= hw_due)
+            answers, pieces, hw_held = await self._collect(session, errors, request, hw_now)
+            remaining = deadline - now
             if answers or remaining <= 0 or session.closed or session.woken:
                 break
+            if hw_held and hw_due is None:
+                hw_due = now + self._hw_delay_s
+            wait_s = min(remaining, hw_due - now) if hw_held and hw_due is not None \
+                else remaining
             self.waits += 1
             session.parked = True
             try:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(session.wake.wait(), remaining)
+                    await asyncio.wait_for(session.wake.wait(), wait_s)
             finally:
                 session.parked = False
                 session.last_request_ms = monotonic_ms()
@@ -195,12 +209,14 @@ class FetchSessions:
         return m.ReplicaFetchResponse.of(session.id, answers), pieces
 
     async def _collect(self, session: FetchSession, errors: dict[PartitionKey, JetstreamError],
-                       request: m.ReplicaFetchRequest
-                       ) -> tuple[list[m.PartitionAnswer], list[FileSlice]]:
+                       request: m.ReplicaFetchRequest, hw_now: bool
+                       ) -> tuple[list[m.PartitionAnswer], list[FileSlice], bool]:
         """The dirty partitions that have something to say, their records within the
-        request's byte limits."""
+        request's byte limits; and whether news of a new HW alone was held back (unless
+        `hw_now`: such partitions stay dirty)."""
         answers: list[m.PartitionAnswer] = []
         pieces: list[FileSlice] = []
+        hw_held = False
         budget = request.max_bytes
         for key in list(session.dirty):
             if len(answers) >= m.REPLICA_FETCH_ANSWERS_MAX:
@@ -228,14 +244,18 @@ class FetchSessions:
                 self._forget(session, key)
                 continue
             assert leader is not None
-            session.dirty.discard(key)
             length = 0 if piece is None else piece.length
             hw, log_ = leader.high_watermark, leader.log
-            if not length and hw == entry.hw_told and \
-                    log_.log_start_offset == entry.log_start_told:
+            if not length and log_.log_start_offset == entry.log_start_told and (
+                    hw == entry.hw_told or (not hw_now and entry.hw_told >= 0)):
                 if piece is not None:
                     piece.close()
-                continue  # nothing to say
+                if hw == entry.hw_told:
+                    session.dirty.discard(key)  # nothing to say
+                else:
+                    hw_held = True  # stays dirty
+                continue
+            session.dirty.discard(key)
             entry.hw_told, entry.log_start_told = hw, log_.log_start_offset
             answers.append(m.PartitionAnswer(
                 key[0], key[1], None, hw, log_.log_start_offset, log_.log_end_offset,
@@ -246,7 +266,7 @@ class FetchSessions:
                 budget -= length
             elif piece is not None:
                 piece.close()
-        return answers, pieces
+        return answers, pieces, hw_held
 
     def _refusal(self, key: PartitionKey, leader: PartitionLeader | None, entry: _Entry
                  ) -> JetstreamError | None:

@@ -125,6 +125,8 @@ class PartitionFollower:
         #: When the HW first moved past the checkpoint (monotonic seconds), None when it has not.
         self._moved_s: float | None = None
         self._append_done: asyncio.Future[None] | None = None
+        #: The INTERVAL policy's fsync under way (appends under it are made on the loop).
+        self._sync_done: asyncio.Future[None] | None = None
         self._hw_changed = asyncio.Event()
         self._stopping = False
         #: Why this replica must not be in the ISR now (jetstream.isr.leader.Unfit), told to
@@ -159,11 +161,12 @@ class PartitionFollower:
         self._wake_readers()
         await cancel_and_wait(self._task)
         self._task = None
-        if self._append_done is not None:
-            # An append still running in its thread must land before the next role (a leader
-            # starting its epoch at the LEO) touches the log.
-            with contextlib.suppress(Exception):
-                await self._append_done
+        for running in (self._append_done, self._sync_done):
+            if running is not None:
+                # An append still running in its thread must land before the next role (a
+                # leader starting its epoch at the LEO) touches the log.
+                with contextlib.suppress(Exception):
+                    await running
         self._checkpoint()
 
     # -- the loop -------------------------------------------------------------------------------
@@ -320,13 +323,13 @@ class PartitionFollower:
         if not payload or not self._disk_standing.may_append(full):
             self._disk_standing.after_fetch(full, None)
             return
-        if self._appends is not None:
-            self._append_done = self._appends.call(partial(self._append, payload))
-        else:
-            self._append_done = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._append, payload)
         try:
-            await asyncio.shield(self._append_done)
+            if self.stream.fsync is FsyncPolicy.ALWAYS:
+                await self._append_and_sync(payload)
+            else:
+                # Only a write to the page cache: on the loop, saving a thread hop per answer.
+                self._append(payload, sync=False)
+                self._sync_when_due()
         except InvalidBatch:
             # Damaged on the way or in the leader's files since it checked them: ask
             # it to check what it sends (it then heals or serves around its damage).
@@ -374,8 +377,30 @@ class PartitionFollower:
         changed, self._hw_changed = self._hw_changed, asyncio.Event()
         changed.set()
 
-    def _append(self, payload: bytes) -> None:
-        """Append and make durable by the stream's policy (in a thread: it may fsync): at once
+    async def _append_and_sync(self, payload: bytes) -> None:
+        """`_append` with its fsync, in a thread (with other followers' appends of this
+        turn when they are batched)."""
+        if self._appends is not None:
+            self._append_done = self._appends.call(partial(self._append, payload))
+        else:
+            self._append_done = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._append, payload)
+        await asyncio.shield(self._append_done)
+
+    def _sync_when_due(self) -> None:
+        """Under INTERVAL: the fsync the interval calls for, in a thread, one at a time."""
+        if (self._sync_done is None or self._sync_done.done()) and self.log.sync_due():
+            self._sync_done = asyncio.get_running_loop().run_in_executor(
+                self._executor, self.log.maybe_sync)
+            self._sync_done.add_done_callback(self._synced)
+
+    def _synced(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("%s: fsync failed (again with a later append): %s", self.name,
+                        done.exception())
+
+    def _append(self, payload: bytes, sync: bool = True) -> None:
+        """Append, and with `sync` make durable by the stream's policy (it may fsync): at once
         under ALWAYS, when the interval has passed under INTERVAL. A first batch that starts
         below this log's end (this copy was cut inside one of the leader's batches: truncated
         there, or cut back after a power loss) is appended from the log end on."""
@@ -384,7 +409,7 @@ class PartitionFollower:
             log.warning("%s: the leader's batches straddle this log's end %d: appending from "
                         "there", self.name, self.log.log_end_offset)
         if data:
-            self.log.append_batches(data, sync=self.stream.fsync is not FsyncPolicy.NEVER)
+            self.log.append_batches(data, sync=sync and self.stream.fsync is not FsyncPolicy.NEVER)
 
     def maybe_checkpoint(self) -> bool:
         """Checkpoint the HW once `checkpoint_interval_ms` passed since it moved past the

@@ -145,7 +145,8 @@ class Roles:
         self.read_around: ReadAround | None = None
         self.damage_found: Callable[[PartitionKey], None] | None = None
         #: As a leader: the fetch sessions of the brokers following here.
-        self.sessions = FetchSessions(self.leaders.get, self.not_leading)
+        self.sessions = FetchSessions(self.leaders.get, self.not_leading,
+                                      config.replica_fetch_hw_delay_ms)
         #: Tiered storage of the partitions led here (streams with a `fragment_store`).
         self.tiering = Tiering(data_dir, config.fragment_cache_bytes_max, pool, executor,
                                TierConfig(list_interval_ms=config.fragment_list_interval_ms,

@@ -319,11 +319,14 @@ class Log(LogReads):
         elif policy is FsyncPolicy.INTERVAL and sync:
             self.maybe_sync()
 
+    def sync_due(self) -> bool:
+        """The INTERVAL policy's interval has passed since the last fsync."""
+        return self.config.fsync is FsyncPolicy.INTERVAL and (
+            self._clock() - self._last_sync_ms >= self.config.fsync_interval_ms)
+
     def maybe_sync(self) -> None:
         """Fsync if the INTERVAL policy's interval has passed (a shell may call it on a timer)."""
-        if self.config.fsync is FsyncPolicy.INTERVAL and (
-            self._clock() - self._last_sync_ms >= self.config.fsync_interval_ms
-        ):
+        if self.sync_due():
             self.sync_through(self.log_end_offset)
 
     def sync_through(self, offset: int) -> None:

@@ -234,3 +234,31 @@ async def test_standing_tells_where_each_follower_fetches_and_when(
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
+
+
+async def test_a_new_hw_alone_waits_for_records_to_carry_it(
+        leaders: dict[Key, FakeLeader]) -> None:
+    sessions = FetchSessions(lambda key: cast(PartitionLeader | None, leaders.get(key)),
+                             hw_delay_ms=200)
+    leader = leaders[("s", 0)]
+    leader.append(3)
+    response, answers = await fetch(sessions, request(changed=[(0, 0)]))
+    assert answers == [(0, 0, 3, None)]  # a request that does not wait is answered at once
+    sid = response.session_id
+    # The follower names its new offset and waits; its fetch moved the HW.
+    leader.high_watermark = 3
+    waiting = asyncio.create_task(fetch(sessions, request(sid, 1, wait_ms=10_000,
+                                                          changed=[(0, 3)])))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the HW alone is held back...
+    leader.append(2)
+    sessions.changed(("s", 0))
+    _, answers = await asyncio.wait_for(waiting, 5)
+    assert answers == [(0, 3, 2, None)]  # ...and rides with the next records
+    # With no records coming, the HW is told once the delay has passed.
+    leader.high_watermark = 5
+    started = asyncio.get_running_loop().time()
+    _, answers = await asyncio.wait_for(
+        fetch(sessions, request(sid, 2, wait_ms=10_000, changed=[(0, 5)])), 5)
+    assert answers == [(0, 5, 0, None)]
+    assert 0.15 <= asyncio.get_running_loop().time() - started < 5
