@@ -14,6 +14,7 @@ commits its progress to the consumer group `enrich-orders`, so
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -35,14 +36,18 @@ def enrich(spark: SparkSession, brokers: str, batch: DataFrame) -> DataFrame:
                            "ordered_at", "name", "tier", "country")).alias("value"))
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="the query's checkpoint directory")
     parser.add_argument("--group", default="enrich-orders")
     parser.add_argument("--once", action="store_true",
                         help="process what the stream holds now, then stop")
-    args = parser.parse_args()
-    spark = session("enrich-orders", args.master)
+    return parser.parse_args(argv)
+
+
+def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, object]:
+    """The query on `spark` until it is stopped (or, with --once, has processed what the
+    stream holds); what it prints."""
     written = {"rows": 0}
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
@@ -67,9 +72,16 @@ def main() -> None:
         pass
     finally:
         query.stop()
-        spark.stop()
-    print(json.dumps({"job": "enrich_orders_stream", "rows_written": written["rows"]}))
+    return {"job": "enrich_orders_stream", "rows_written": written["rows"]}
 
+
+def main() -> None:
+    args = parse()
+    spark = session("enrich-orders", args.master)
+    try:
+        print(json.dumps(run(spark, args)))
+    finally:
+        spark.stop()
 
 if __name__ == "__main__":
     main()

@@ -8,30 +8,40 @@ up to which offset), decodes the JSON with Spark, and overwrites the output dire
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from common import arguments, hourly_revenue, orders, session
+from pyspark.sql import SparkSession
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--stream", default="orders")
     parser.add_argument("--out", required=True, help="Parquet output directory")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, object]:
+    """The job on `spark`; what it prints."""
+    source = (spark.read.format("jetstream").option("brokers", args.brokers)
+              .option("stream", args.stream)
+              .schema("partition int, offset long, value binary").load())
+    revenue = hourly_revenue(orders(source))
+    revenue.write.mode("overwrite").parquet(args.out)
+    written = spark.read.parquet(args.out)
+    total = written.agg({"revenue": "sum"}).first()
+    return {"job": "hourly_revenue", "rows": written.count(),
+            "revenue": total[0] if total else 0.0, "out": args.out}
+
+
+def main() -> None:
+    args = parse()
     spark = session("hourly-revenue", args.master)
     try:
-        source = (spark.read.format("jetstream").option("brokers", args.brokers)
-                  .option("stream", args.stream)
-                  .schema("partition int, offset long, value binary").load())
-        revenue = hourly_revenue(orders(source))
-        revenue.write.mode("overwrite").parquet(args.out)
-        written = spark.read.parquet(args.out)
-        total = written.agg({"revenue": "sum"}).first()
-        print(json.dumps({"job": "hourly_revenue", "rows": written.count(),
-                          "revenue": total[0] if total else 0.0, "out": args.out}))
+        print(json.dumps(run(spark, args)))
     finally:
         spark.stop()
-
 
 if __name__ == "__main__":
     main()

@@ -13,36 +13,47 @@ a failed run's partial output is replaced, not duplicated, when it runs again.
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from common import arguments, hourly_revenue, orders, session
+from pyspark.sql import SparkSession
 
 import jetstream.spark
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--stream", default="orders")
     parser.add_argument("--group", default="nightly-orders")
     parser.add_argument("--out", required=True, help="Parquet output directory")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, object]:
+    """The job on `spark`; what it prints."""
+    this_run = jetstream.spark.incremental(spark, args.group, brokers=args.brokers,
+                                           stream=args.stream)
+    source = this_run.load("partition int, offset long, value binary")
+    new_orders = orders(source).cache()
+    count = new_orders.count()
+    if count:
+        # Named by where the range starts: a retried run replaces its own output.
+        start = sum(o for parts in this_run.starting_offsets.values() for o in parts.values())
+        hourly_revenue(new_orders).write.mode("overwrite").parquet(f"{args.out}/run={start}")
+    this_run.commit()
+    new_orders.unpersist()
+    return {"job": "nightly_orders", "orders_read": count, "from": this_run.starting_offsets,
+            "to": this_run.ending_offsets}
+
+
+def main() -> None:
+    args = parse()
     spark = session("nightly-orders", args.master)
     try:
-        run = jetstream.spark.incremental(spark, args.group, brokers=args.brokers,
-                                          stream=args.stream)
-        source = run.load("partition int, offset long, value binary")
-        new_orders = orders(source).cache()
-        count = new_orders.count()
-        if count:
-            # Named by where the range starts: a retried run replaces its own output.
-            start = sum(o for parts in run.starting_offsets.values() for o in parts.values())
-            hourly_revenue(new_orders).write.mode("overwrite").parquet(f"{args.out}/run={start}")
-        run.commit()
-        print(json.dumps({"job": "nightly_orders", "orders_read": count,
-                          "from": run.starting_offsets, "to": run.ending_offsets}))
+        print(json.dumps(run(spark, args)))
     finally:
         spark.stop()
-
 
 if __name__ == "__main__":
     main()

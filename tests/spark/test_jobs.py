@@ -4,6 +4,7 @@ new), and the streaming enrichment that writes back to a stream."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -36,28 +37,41 @@ def job(name: str, *args: str) -> list[str]:
     return [sys.executable, str(JOBS / name), *args]
 
 
+def in_session(spark: SparkSession, broker: BrokerProcess, name: str, *args: str
+               ) -> dict[str, object]:
+    """Run a job's `run` on the shared session (what its command line does, without a Spark
+    of its own to start)."""
+    if str(JOBS) not in sys.path:
+        sys.path.insert(0, str(JOBS))
+    module = importlib.import_module(name)
+    result: dict[str, object] = module.run(spark, module.parse(["--brokers", broker.address,
+                                                                *args]))
+    return result
+
+
 async def test_the_jobs_run_on_the_demo_data(spark: SparkSession, shared_broker: BrokerProcess,
                                              js: Client, tmp_path: Path) -> None:
     run(shared_broker, "jetstream", "demo", "--orders", "3000", "--customers", "50", "--json")
     orders = [json.loads(r[6]) for r in await stored(js, "orders", 3)]
     assert len(orders) == 3000
 
+    # One job as its command line runs it (a Spark of its own), the rest on the shared session.
     revenue = run(shared_broker, *job("hourly_revenue.py", "--out", str(tmp_path / "rev")))
     expected = sum(o["quantity"] * o["unit_price"] for o in orders)
     assert abs(float(revenue["revenue"]) - expected) < 0.05 * len(orders) / 100 + 1
     table = spark.read.parquet(str(tmp_path / "rev"))
     assert table.agg({"orders": "sum"}).first()[0] == 3000
 
-    nightly = job("nightly_orders.py", "--out", str(tmp_path / "nightly"))
-    assert run(shared_broker, *nightly)["orders_read"] == 3000
+    nightly = ("nightly_orders", "--out", str(tmp_path / "nightly"))
+    assert in_session(spark, shared_broker, *nightly)["orders_read"] == 3000
     run(shared_broker, "jetstream", "demo", "--orders", "120", "--customers", "50", "--json")
-    assert run(shared_broker, *nightly)["orders_read"] == 120
-    assert run(shared_broker, *nightly)["orders_read"] == 0
+    assert in_session(spark, shared_broker, *nightly)["orders_read"] == 120
+    assert in_session(spark, shared_broker, *nightly)["orders_read"] == 0
     runs = spark.read.parquet(str(tmp_path / "nightly"))
     assert runs.agg({"orders": "sum"}).first()[0] == 3120
 
-    enriched = run(shared_broker, *job("enrich_orders_stream.py", "--checkpoint",
-                                       str(tmp_path / "checkpoint"), "--once"))
+    enriched = in_session(spark, shared_broker, "enrich_orders_stream", "--checkpoint",
+                          str(tmp_path / "checkpoint"), "--once")
     assert enriched["rows_written"] == 3120
     out = [json.loads(r[6]) for r in await stored(js, "orders-enriched", 3)]
     assert len(out) == 3120
