@@ -287,10 +287,11 @@ class Connection:
 
     @staticmethod
     async def _send_pieces(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,
-                           pieces: list[FileSlice]) -> bool:
-        """Send the slices in order: each larger one with sendfile, runs of small ones
-        copied into one write; False when one came out short (its file shrank)."""
-        copied: list[bytes] = []
+                           head: bytes, pieces: list[FileSlice]) -> bool:
+        """Send `head` (the frame's prefix), then the slices in order: each larger one with
+        sendfile, runs of small ones copied into one write with what precedes them; False
+        when one came out short (its file shrank)."""
+        copied: list[bytes] = [head]
         for piece in pieces:
             if piece.length <= COPY_PIECE_BYTES_MAX:
                 data = piece.read()  # from the page cache: what was just appended or read
@@ -325,9 +326,8 @@ class Connection:
                     if tls:
                         sent = await _send_tls(loop, writer, answer.data, answer.pieces)
                     else:
-                        writer.write(answer.data)
-                        await writer.drain()
-                        sent = await self._send_pieces(loop, writer, answer.pieces)
+                        sent = await self._send_pieces(loop, writer, answer.data,
+                                                       answer.pieces)
                     if not sent:
                         # A segment shrank under us (truncation): the frame is broken.
                         writer.close()

@@ -1,5 +1,6 @@
-"""How the socket API sends the slices of an answer: small ones copied together into one
-write, larger ones with sendfile, in order; a slice whose file shrank ends the frame."""
+"""How the socket API sends the slices of an answer after the frame's prefix: small ones
+copied together into one write (with the prefix), larger ones with sendfile, in order; a slice
+whose file shrank ends the frame."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def slices(path: Path, lengths: list[int]) -> tuple[bytes, list[FileSlice]]:
     return data, out
 
 
+HEAD = b"frame prefix"
+
+
 async def send(pieces: list[FileSlice]) -> tuple[bool, bytes]:
     ours, theirs = socket.socketpair()
     _reader, writer = await asyncio.open_connection(sock=ours)
@@ -36,7 +40,7 @@ async def send(pieces: list[FileSlice]) -> tuple[bool, bytes]:
 
     reading = loop.run_in_executor(None, drain_other_end)
     try:
-        ok = await Connection._send_pieces(loop, writer, pieces)
+        ok = await Connection._send_pieces(loop, writer, HEAD, pieces)
     finally:
         writer.close()
         await writer.wait_closed()
@@ -51,7 +55,7 @@ def test_small_and_large_slices_arrive_in_order(tmp_path: Path) -> None:
     big = COPY_PIECE_BYTES_MAX + 1
     data, pieces = slices(tmp_path / "segment", [100, big, 50, 60, 3 * big, 7])
     ok, received = asyncio.run(send(pieces))
-    assert ok and received == data
+    assert ok and received == HEAD + data
 
 
 def test_a_slice_past_the_end_of_its_file_is_reported_short(tmp_path: Path) -> None:
