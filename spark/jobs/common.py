@@ -4,7 +4,9 @@ of the demo's JSON values, and the command line's --brokers."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -29,6 +31,18 @@ def arguments(description: str) -> argparse.ArgumentParser:
 def session(app: str, master: str) -> SparkSession:
     return jetstream.spark.local_session(app, master, **{
         "spark.sql.shuffle.partitions": "4", "spark.sql.session.timeZone": "UTC"})
+
+
+def main_of(app: str, parse: Callable[[], argparse.Namespace],
+            run: Callable[[SparkSession, argparse.Namespace], dict[str, object]]) -> None:
+    """A job's command line: its arguments, a Spark of its own, the job, and what it did as
+    one JSON line."""
+    args = parse()
+    spark = session(app, args.master)
+    try:
+        print(json.dumps(run(spark, args)))
+    finally:
+        spark.stop()
 
 
 def orders(df: DataFrame) -> DataFrame:

@@ -15,10 +15,9 @@ commits its progress to the consumer group `enrich-orders`, so
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from common import CUSTOMER_SCHEMA, arguments, orders, session
+from common import CUSTOMER_SCHEMA, arguments, main_of, orders
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -76,12 +75,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    args = parse()
-    spark = session("enrich-orders", args.master)
-    try:
-        print(json.dumps(run(spark, args)))
-    finally:
-        spark.stop()
+    main_of("enrich-orders", parse, run)
 
 if __name__ == "__main__":
     main()

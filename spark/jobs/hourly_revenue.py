@@ -9,9 +9,8 @@ up to which offset), decodes the JSON with Spark, and overwrites the output dire
 from __future__ import annotations
 
 import argparse
-import json
 
-from common import arguments, hourly_revenue, orders, session
+from common import arguments, hourly_revenue, main_of, orders
 from pyspark.sql import SparkSession
 
 
@@ -36,12 +35,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    args = parse()
-    spark = session("hourly-revenue", args.master)
-    try:
-        print(json.dumps(run(spark, args)))
-    finally:
-        spark.stop()
+    main_of("hourly-revenue", parse, run)
 
 if __name__ == "__main__":
     main()

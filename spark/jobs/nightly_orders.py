@@ -14,9 +14,8 @@ a failed run's partial output is replaced, not duplicated, when it runs again.
 from __future__ import annotations
 
 import argparse
-import json
 
-from common import arguments, hourly_revenue, orders, session
+from common import arguments, hourly_revenue, main_of, orders
 from pyspark.sql import SparkSession
 
 import jetstream.spark
@@ -48,12 +47,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    args = parse()
-    spark = session("nightly-orders", args.master)
-    try:
-        print(json.dumps(run(spark, args)))
-    finally:
-        spark.stop()
+    main_of("nightly-orders", parse, run)
 
 if __name__ == "__main__":
     main()
