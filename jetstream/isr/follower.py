@@ -117,6 +117,18 @@ def epoch_to_ask(entries: Sequence[EntryLike]) -> int | None:
     return normalized[-1].epoch if normalized else None
 
 
+def start_past_removed(local_log_end_offset: int, leader_log_start_offset: int
+                       ) -> TruncateFully | None:
+    """A fetch was refused OFFSET_OUT_OF_RANGE. When this log ends below the leader's log
+    start (an empty replica, or one that was away while the leader's retention or offload
+    removed what would follow it), it can never fetch where it ends: it restarts empty at
+    the leader's log start (Kafka's truncateFullyAndStartAt). None otherwise (a log ahead of
+    the leader is cut by truncation)."""
+    if local_log_end_offset < leader_log_start_offset:
+        return TruncateFully(leader_log_start_offset)
+    return None
+
+
 def plan_truncation(local_entries: Sequence[EntryLike], local_log_end_offset: int,
                     leader_answer: EpochEndOffset, *,
                     leader_log_start_offset: int) -> TruncationStep:

@@ -48,9 +48,23 @@ from functools import partial
 from typing import Protocol
 
 from jetstream.client.connection import BrokerConnection
-from jetstream.errors import CorruptRecord, DiskFull, InvalidBatch, JetstreamError, NotLeader
+from jetstream.errors import (
+    CorruptRecord,
+    DiskFull,
+    InvalidBatch,
+    JetstreamError,
+    NotLeader,
+    OffsetOutOfRange,
+)
 from jetstream.isr.disk_full import FollowerDisk
-from jetstream.isr.follower import Done, TruncateFully, TruncateTo, epoch_to_ask, plan_truncation
+from jetstream.isr.follower import (
+    Done,
+    TruncateFully,
+    TruncateTo,
+    epoch_to_ask,
+    plan_truncation,
+    start_past_removed,
+)
 from jetstream.isr.leader import Unfit
 from jetstream.protocol import messages as m
 from jetstream.protocol.replica_fetch import PartitionAnswer, SessionPartition
@@ -184,6 +198,10 @@ class PartitionFollower:
                 # Fetched with every other partition this broker follows at that leader,
                 # until the leader refuses this one or the session fails.
                 await fetcher.follow(self)
+            except OffsetOutOfRange as exc:
+                if not await self._start_past_removed(exc):
+                    log.info("%s: following broker %d failed: %s", self.name,
+                             self.state.leader, exc)
             except (JetstreamError, OSError) as exc:
                 log.info("%s: following broker %d failed: %s", self.name, self.state.leader, exc)
                 if self._leader_starting(exc):
@@ -249,6 +267,22 @@ class PartitionFollower:
                 self.log.truncate_fully_and_start_at(step.start_at)
                 epoch = None
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+
+    async def _start_past_removed(self, refusal: OffsetOutOfRange) -> bool:
+        """The leader no longer holds where this log ends: restart it empty at the leader's
+        log start (jetstream.isr.follower.start_past_removed). Whether it did."""
+        leader_start = refusal.fields.get("oldest")
+        if not isinstance(leader_start, int):
+            return False
+        step = start_past_removed(self.log.log_end_offset, leader_start)
+        if step is None:
+            return False
+        log.warning("%s: the leader's log starts at %d, past this log's end %d: starting "
+                    "empty there", self.name, step.start_at, self.log.log_end_offset)
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, self.log.truncate_fully_and_start_at, step.start_at)
+        self.high_watermark = self.log.log_end_offset
+        return True
 
     # -- fetching -------------------------------------------------------------------------------
 

@@ -563,3 +563,56 @@ async def test_every_replica_checkpoints_its_high_watermark(
         return True if held == [5, 5, 5] else None
 
     await eventually(checkpointed, "every replica's checkpoint at HW 5")
+
+
+async def test_an_empty_replica_starts_at_the_leaders_log_start(
+        tmp_path: Path, nats_url: str) -> None:
+    """A replica whose log was lost (a replaced disk) rejoins a leader whose retention
+    deleted its first segments: it cannot fetch from offset 0, so it starts empty at the
+    leader's log start and catches up from there."""
+    with running_cluster(tmp_path, nats_url,
+                         (*TUNING, "--retention-check-ms", "100")) as cluster:
+        state = await create_stream(cluster[0], segment_bytes_max=4096, retention_bytes=8192)
+        await publish_acked(cluster, [b"%04d" % i + b"." * 96 for i in range(200)])
+
+        async def leader_start() -> int | None:
+            async with jetstream.connect(cluster[0].address) as js:
+                start = (await js.stream_info(STREAM)).partitions[0].log_start_offset
+            return start if start > 0 else None
+
+        start = await eventually(leader_start, "retention deleting the first segments")
+        follower = next(b for b in cluster if b.broker_id != state["leader"])
+        follower.kill()
+        for path in sorted((follower.data_dir / "logs" / f"{STREAM}-0").rglob("*"),
+                           reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+        follower.start()
+        leader = by_id(cluster, state["leader"])
+        await eventually(lambda: _full_isr(leader), "the emptied replica back in the ISR")
+        await publish_acked(cluster, [b"last"])
+        await eventually(lambda: _full_isr(leader), "a full ISR after the last publish")
+        for broker in cluster:
+            broker.stop()
+        starts = []
+        for broker in (follower, leader):
+            copy = Log(broker.data_dir / "logs" / f"{STREAM}-0")
+            starts.append((copy.log_start_offset, copy.log_end_offset))
+            copy.close()
+        (follower_start, follower_end), (leader_start, leader_end) = starts
+        assert follower_start >= start and follower_end == leader_end == 201
+        # The same batches from where both logs hold them.
+        common = max(follower_start, leader_start)
+        assert _bytes_from(follower, common) == _bytes_from(leader, common)
+
+
+def _bytes_from(broker: BrokerProcess, offset: int) -> bytes:
+    """The raw record batches of the replica's log from `offset` on (broker stopped)."""
+    log = Log(broker.data_dir / "logs" / f"{STREAM}-0")
+    try:
+        out, end = b"", log.log_end_offset
+        while offset < end:
+            data, offset = log.read_bytes(offset, 1 << 20, upper_bound=end)
+            out += data
+        return out
+    finally:
+        log.close()

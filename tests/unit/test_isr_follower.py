@@ -23,6 +23,7 @@ from jetstream.isr.follower import (
     plan_steps,
     plan_truncation,
     resolve,
+    start_past_removed,
 )
 from jetstream.stream.epoch import UNDEFINED, EpochEndOffset, EpochEntry, LeaderEpochCache
 
@@ -250,3 +251,13 @@ def test_the_follower_ends_as_a_prefix_of_the_leader(history: History) -> None:
     for step in steps:
         if isinstance(step, TruncateTo):
             assert step.offset >= shared
+
+
+def test_a_log_ending_below_the_leaders_log_start_restarts_there() -> None:
+    # An empty replica of a leader whose retention (or offload) removed its first segments.
+    assert start_past_removed(0, 120) == TruncateFully(120)
+    assert start_past_removed(80, 120) == TruncateFully(120)
+    # At or past the leader's log start: fetching from the log end works, or (ahead of the
+    # leader) truncation decides.
+    assert start_past_removed(120, 120) is None
+    assert start_past_removed(500, 120) is None
