@@ -312,24 +312,27 @@ class Runner:
             if self.draining:
                 return  # read, not written: the next owner reads it again
             progress.end_position = batch.end_position
-            count = len(batch.records)
+            count = batch.record_count
             if bucket is not None and count:
                 wait_s = bucket.take(count, time.monotonic())
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)  # the rate limit: paid before the write
-            size = sum(record.size_bytes() for record in batch.records)
+            size = batch.size_bytes()
             progress.records_in += count
             progress.bytes_in += size
             self._count(run.name, "records_in", count)
             self._count_bytes(run, "bytes_in", size)
             self._check_owner(run)  # no write after the task moved (its epoch fences too)
-            await writer.write(batch.records)  # also with none: a writer may roll by time
+            if batch.copied is not None and ends.copier is not None:
+                await ends.copier.write_copied(source_partition, batch.copied)
+            else:
+                await writer.write(batch.records)  # also with none: a writer may roll by time
             if count:
                 progress.records_out += count
                 progress.bytes_out += size
                 self._count_bytes(run, "bytes_out", size)
                 progress.last_write_ms = int(time.time() * 1000)
-                progress.last_record_timestamp_ms = batch.records[-1].timestamp_ms
+                progress.last_record_timestamp_ms = batch.last_timestamp_ms
                 self._count(run.name, "records_out", count)
             position = progress.position = batch.next_position
             durable = writer.checkpointable(source_partition, position)
