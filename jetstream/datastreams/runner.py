@@ -1,7 +1,8 @@
 """The tasks this broker runs: each one reads its source partitions, writes the destination,
 and checkpoints each partition after the destination acknowledged.
 
-Theory of operation: every RECONCILE_S the runner compares the tasks the metadata assigns to
+Theory of operation: every RECONCILE_S, and within WAKE_S of any metadata change, the
+runner compares the tasks the metadata assigns to
 this broker with those it runs: it starts the new ones and stops (cancels) those no longer
 its own, whose datastream was deleted, or whose epoch moved on without it (the coordinator
 gave the task new partitions, or another broker). A task that starts — and a task that
@@ -63,6 +64,9 @@ from jetstream.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 RECONCILE_S = 0.25
+#: How often the runner looks whether the metadata changed (a task assigned here starts
+#: then, not at the next reconcile).
+WAKE_S = 0.02
 READ_WAIT_MS = 500
 PAUSED_POLL_S = 0.2
 BACKOFF_S_MIN = 0.2
@@ -194,12 +198,16 @@ class Runner:
                    for t in ds.tasks)
 
     async def _reconcile_loop(self) -> None:
+        seen, reconciled = -1, 0.0
         while True:
-            try:
-                await self.reconcile()
-            except Exception:
-                log.exception("datastream tasks: reconcile failed")
-            await asyncio.sleep(RECONCILE_S)
+            version, now = self._state().version, time.monotonic()
+            if version != seen or now - reconciled >= RECONCILE_S:
+                seen, reconciled = version, now
+                try:
+                    await self.reconcile()
+                except Exception:
+                    log.exception("datastream tasks: reconcile failed")
+            await asyncio.sleep(WAKE_S)
 
     async def reconcile(self) -> None:
         if self.broker_id in self._state().datastream_draining and not self.draining:

@@ -150,7 +150,7 @@ async def test_a_mirror_is_its_source_and_refuses_other_writes(
         assert (await dst.partition_status("orders", 0)).log_end_offset == end
 
         # A destination holding records that is not this mirror: the task is faulty.
-        await dst.create_stream("busy", "busy")
+        await dst.create_stream("busy", "busy", partitions=2)
         await dst.publish("busy", b"mine")
         definition = mirror(source, "orders")
         definition["destination"]["settings"]["stream"] = "busy"
