@@ -15,7 +15,10 @@ built or encoded on the way, and the copy is the source's records byte for byte 
 
 Exactly once falls out of the offsets: a copy sent again (a crash between the append and
 the checkpoint, a task that moved) finds its batches in the destination and appends
-nothing. The task's epoch fences an older owner (MIRROR_FENCED).
+nothing. The task's epoch fences an older owner (MIRROR_FENCED). A task resumes each
+partition at its checkpoint, or at the destination's end when that is before it (what a
+destination lost in a failover is copied again), so the source's `start` setting does not
+apply: a mirror holds its source from the source's log start.
 
 The destination stream must be new or empty, with at least the source's partitions. The
 first write of a task makes it a mirror: its `mirror` setting becomes `<cluster>/<stream>`
@@ -167,6 +170,11 @@ class BatchWriter:
         raise MirrorMismatch(self.stream, info.mirror or "", self.source,
                              f"stream {self.stream!r} is not empty and not a mirror of "
                              f"{self.source!r}" if info.mirror is None else "")
+
+    async def end_offset(self, partition: int) -> int:
+        """Where the mirror's partition ends: its log end offset (its offsets are the
+        source's)."""
+        return (await self._js.partition_status(self.stream, partition)).log_end_offset or 0
 
     def checkpointable(self, partition: int, position: int) -> int | None:
         return position  # `write_copied` returned: the destination holds all of it

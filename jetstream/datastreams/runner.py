@@ -11,7 +11,9 @@ compare-and-set on this broker and the epoch it held). The epoch fences: the des
 refuses writes of an older epoch once a newer one wrote, and a writer is never reused after
 a failure, so an idempotent producer's sequences never restart within one epoch.
 
-Each partition of a task loops: resume from the checkpoint (or the source's `start`), read
+Each partition of a task loops: resume from the checkpoint (or the source's `start`; a
+mirror from its own end when that is before the checkpoint: the copy it lost to a failover
+whose ack policy was `leader` is copied again), read
 a batch, write it, and commit as checkpoint what the writer says the destination holds for
 good (`checkpointable`: a stream, everything it acknowledged; a file sink, what is in
 complete files). A failure anywhere marks the task `faulty` with the error, closes both
@@ -308,6 +310,9 @@ class Runner:
             checkpoint = await reader.start_position(source_partition)
             await reader.commit(group, source_partition, checkpoint)
         position = progress.position = progress.checkpoint = checkpoint
+        if ends.copier is not None:  # a mirror holds the truth: go on from where it ends
+            position = progress.position = min(
+                checkpoint, await ends.copier.end_offset(source_partition))
         while not self.draining:
             ds = self._check_owner(run)
             progress.paused = ds.partition_paused(partition)
