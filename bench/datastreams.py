@@ -63,7 +63,7 @@ PAYLOAD = b"x" * 128
 WINDOW = 1000
 DEADLINE_S = 300.0
 #: The lag run offers at most this share of the rate the source took in when filled.
-LAG_FILL_SHARE = 0.4
+LAG_FILL_SHARE = 0.2
 POLL_S = 0.01
 
 
