@@ -210,7 +210,8 @@ async def run(quick: bool) -> JsonObject:
                 # Half the mirror's rate, unless the source cannot take that much in: then a
                 # share of what it took while filled (the publisher and the subscriber share
                 # this process; past that the lag measures them and the source's ingest).
-                rate = max(100, int(min(mirror_rate / 2, fill_rate * LAG_FILL_SHARE)))
+                half = max(100, int(mirror_rate / 2))
+                rate = max(100, min(half, int(fill_rate * LAG_FILL_SHARE)))
                 lagged = await lag(a, b, nats_a.url, rate, warmup_s, measure_s, "mirror")
                 landed = await parquet(a, root / "lake", messages)
             finally:
@@ -233,14 +234,15 @@ async def run(quick: bool) -> JsonObject:
         "records_mirror_vs_js_mirror": statistics.median(r["msgs_per_s"] for r in by_records)
         / js_rate,
         "source_fill_msgs_per_s": fill_rate,
-        "lag_rate_is_half_the_mirror_rate": rate == max(100, int(mirror_rate / 2)),
+        "lag_rate_is_half_the_mirror_rate": rate == half,
         "js_mirror_cpu_us_per_msg": statistics.median(r["cpu_us_per_msg"] for r in theirs),
         "mirror_lag_p50_s": lagged["lag_p50_s"], "mirror_lag_p99_s": lagged["lag_p99_s"],
         "lag": lagged,
         "parquet_sink_rows_per_s": landed["rows_per_s"], "parquet": landed,
         "runs": {"mirror": ours, "records_mirror": by_records, "js_mirror": theirs},
         "targets": {"mirror_vs_js_mirror >= 1.0": mirror_rate / js_rate >= 1.0,
-                    "mirror_lag_p99_s <= 1.0 at half the mirror rate":
+                    f"mirror_lag_p99_s <= 1.0 at {rate} msg/s "
+                    f"({'half the mirror rate' if rate == half else 'below half the mirror rate'})":
                         lagged["lag_p99_s"] <= 1.0},
     }
 
