@@ -40,6 +40,7 @@ from jetstream.client.datastreams import DatastreamAdmin
 from jetstream.client.group_subscription import Callback, GroupSubscription
 from jetstream.client.groups import ConsumerGroups
 from jetstream.client.kv import KeyValueReads
+from jetstream.client.mirror import MirrorCopying
 from jetstream.client.publishing import Publishing
 from jetstream.client.reading import FETCH_BYTES_DEFAULT, Reading
 from jetstream.client.routing import Router
@@ -158,7 +159,7 @@ def _nats_options(options: Mapping[str, Any] | None,
 
 
 class Client(StreamAdmin, Publishing, Reading, KeyValueReads, ConsumerGroups, AclCalls,
-             DatastreamAdmin):
+             DatastreamAdmin, MirrorCopying):
     """A Jetstream client. Build it with `connect`; every method is a coroutine except
     `subscribe`, which returns an async iterator."""
 

@@ -195,23 +195,35 @@ class BrokerConnection:
         frame = await self._call(request, timeout_s)
         return m.expect_response(m.decode_response(frame), response_type), frame.payload
 
-    async def _call(self, request: m.Request, timeout_s: float | None) -> frames.Frame:
+    async def send_payload(self, request: m.Request, payload: bytes | memoryview,
+                           response_type: type[_R],
+                           *, timeout_s: float | None = None) -> _R:
+        """Send `request` with `payload` (MIRROR_APPEND's batches) and return its response.
+        Raises as `request` does."""
+        frame = await self._call(request, timeout_s, payload)
+        return m.expect_response(m.decode_response(frame), response_type)
+
+    async def _call(self, request: m.Request, timeout_s: float | None,
+                    payload: bytes | memoryview = b"") -> frames.Frame:
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
         async with self._slots:
             return await self._exchange(next(self._ids), frames.Kind.REQUEST, request.op,
-                                        request.to_header(), timeout)
+                                        request.to_header(), timeout, payload)
 
     async def _exchange(self, correlation_id: int, kind: frames.Kind, op: frames.Op,
-                        header: dict[str, Any], timeout_s: float) -> frames.Frame:
+                        header: dict[str, Any], timeout_s: float,
+                        payload: bytes | memoryview = b"") -> frames.Frame:
         if self._failure is not None:
             raise self._failure
         assert self._writer is not None, "open() the connection first"
-        data = frames.encode_frame(correlation_id, kind, op, header)
+        data = frames.encode_frame(correlation_id, kind, op, header, len(payload))
         future: asyncio.Future[frames.Frame] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
         try:
             try:
                 self._writer.write(data)
+                if payload:
+                    self._writer.write(payload)
                 await self._writer.drain()
             except OSError as exc:  # a broken transport
                 self._fail(BrokerUnavailable(self.address, f"write failed: {exc}"))

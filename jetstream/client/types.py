@@ -116,6 +116,12 @@ class StreamInfo:
     def partition_count(self) -> int:
         return len(self.partitions)
 
+    @property
+    def mirror(self) -> str | None:
+        """The source a mirror stream copies ("<cluster>/<stream>"); None: not a mirror."""
+        mirror = self.config.get("mirror")
+        return mirror if isinstance(mirror, str) else None
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StreamInfo:
         name, subject = data["name"], data["subject"]

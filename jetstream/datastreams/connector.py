@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from jetstream.stream.copying import CopiedRange
+
 
 @dataclass(frozen=True, slots=True)
 class SourceRecord:
@@ -40,6 +42,26 @@ class SourceBatch:
     #: Where the next read starts, and the source's end (its high watermark) at this read.
     next_position: int
     end_position: int
+    #: A mirror's read (jetstream.datastreams.batch_copy): whole record batches as bytes,
+    #: instead of `records`.
+    copied: CopiedRange | None = None
+
+    @property
+    def record_count(self) -> int:
+        return self.copied.records if self.copied is not None else len(self.records)
+
+    def size_bytes(self) -> int:
+        """What the batch carries (bytes metrics): the records' keys, values and headers, or
+        the copied batches' bytes."""
+        if self.copied is not None:
+            return len(self.copied.data)
+        return sum(record.size_bytes() for record in self.records)
+
+    @property
+    def last_timestamp_ms(self) -> int:
+        if self.copied is not None:
+            return self.copied.last_timestamp_ms
+        return self.records[-1].timestamp_ms if self.records else 0
 
 
 @dataclass(frozen=True, slots=True)

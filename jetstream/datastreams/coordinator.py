@@ -1,7 +1,8 @@
 """The datastream coordinator: on the metadata leader, keep every datastream's tasks planned.
 
-Theory of operation (Brooklin's leader coordinator): every TICK_S the broker that leads the
-metadata learns each datastream's source partition count (asked of the source through its
+Theory of operation (Brooklin's leader coordinator): every TICK_S, and within WAKE_S of any
+metadata change (a datastream created or changed is planned at once), the broker that leads
+the metadata learns each datastream's source partition count (asked of the source through its
 connector at most every PARTITIONS_REFRESH_S, remembered between asks), takes the live
 brokers (this one and those whose metadata Raft connection is up, as failover does), plans
 with the pure planner (jetstream.datastreams.planner) and proposes `AssignTasks` for each
@@ -36,6 +37,9 @@ from jetstream.raft_meta.fsm import MetadataState
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+#: How often the coordinator looks whether the metadata changed (a new or changed datastream
+#: is planned then, not at the next tick).
+WAKE_S = 0.02
 PARTITIONS_REFRESH_S = 5.0
 ASK_TIMEOUT_S = 5.0
 
@@ -71,8 +75,13 @@ class Coordinator:
         await self._close_readers(set(self._readers))
 
     async def _run(self) -> None:
+        seen, ticked = -1, 0.0
         while True:
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(WAKE_S)
+            version, now = self._state().version, time.monotonic()
+            if version == seen and now - ticked < TICK_S:
+                continue  # nothing committed since the last tick, and it is not yet due
+            seen, ticked = version, now
             if not self._is_leader():
                 await self._close_readers(set(self._readers))
                 continue

@@ -8,7 +8,9 @@ keeps checkpoints as the committed offsets of the datastream's consumer group
 offset to read, and it never moves backwards (OFFSET_BEHIND_COMMITTED refuses that), so an
 older owner cannot undo a newer one's progress.
 
-Destination settings: `stream` (required), `brokers` (default this cluster). Both take the
+Destination settings: `stream` (required), `brokers` (default this cluster), `mode`
+(`records`, the default, described here, or `mirror`: a batch-for-batch copy that keeps the
+source's offsets, jetstream.datastreams.batch_copy). Both take the
 settings that secure the connection to another cluster (jetstream.datastreams.security):
 `tls_ca`, `tls_cert`, `tls_key`, and `user` with `password` or a `token` (`user:secret`);
 a `tls://` NATS URL the brokers report uses the same TLS context. A destination publishes
@@ -35,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jetstream.client.publisher import ExpectingItem
+from jetstream.datastreams.batch_copy import MODES, BatchWriter
 from jetstream.datastreams.connector import (
     Endpoints,
     SourceBatch,
@@ -62,7 +65,8 @@ if TYPE_CHECKING:
     from jetstream.client.types import StreamInfo
 
 SOURCE_SETTINGS = ("stream", "brokers", "start", *SECURITY_SETTINGS)
-DESTINATION_SETTINGS = ("stream", "brokers", *SECURITY_SETTINGS, *NATS_CREDENTIAL_SETTINGS)
+DESTINATION_SETTINGS = ("stream", "brokers", "mode", *SECURITY_SETTINGS,
+                        *NATS_CREDENTIAL_SETTINGS)
 SOURCE_HEADER = "Jetstream-Source"
 SOURCE_OFFSET_HEADER = "Jetstream-Source-Offset"
 SOURCE_MSG_ID_HEADER = "Jetstream-Source-Msg-Id"
@@ -113,6 +117,10 @@ class StreamReader:
         self.stream = stream
         self._start = start
 
+    @property
+    def client(self) -> Client:
+        return self._js
+
     async def partitions(self) -> int:
         return (await self._js.stream_info(self.stream)).partition_count
 
@@ -151,11 +159,18 @@ class JetstreamDestination:
     def check(self, settings: Mapping[str, Any]) -> None:
         check_known(settings, DESTINATION_SETTINGS, "destination.settings")
         _check_stream(settings, "destination.settings")
+        setting_str(settings, "mode", "destination.settings", choices=MODES)
 
     async def open(self, settings: Mapping[str, Any], endpoints: Endpoints,
                    context: WriterContext, client_id: str) -> StreamWriter:
         client = await _connect(settings, endpoints, client_id)
         return StreamWriter(client, settings["stream"], context)
+
+    async def open_mirror(self, settings: Mapping[str, Any], endpoints: Endpoints,
+                          context: WriterContext, client_id: str, source: str) -> BatchWriter:
+        """The writer of the `mirror` mode (jetstream.datastreams.batch_copy)."""
+        client = await _connect(settings, endpoints, client_id)
+        return BatchWriter(client, settings["stream"], context, source)
 
 
 class StreamWriter:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jetstream.datastreams import selector
+from jetstream.datastreams import batch_copy, selector
 from jetstream.datastreams.connector import DestinationTransport, SourceConnector
 from jetstream.datastreams.jetstream_stream import JetstreamDestination, JetstreamSource
 from jetstream.datastreams.model import DatastreamConfig
@@ -49,5 +49,6 @@ def check(config: DatastreamConfig) -> None:
     run."""
     if selector.is_selector(config):
         config = selector.check(config)
+    batch_copy.check(config)
     source(config.source.type).check(config.source.settings)
     destination(config.destination.type).check(config.destination.settings)

@@ -1,7 +1,8 @@
 """The tasks this broker runs: each one reads its source partitions, writes the destination,
 and checkpoints each partition after the destination acknowledged.
 
-Theory of operation: every RECONCILE_S the runner compares the tasks the metadata assigns to
+Theory of operation: every RECONCILE_S, and within WAKE_S of any metadata change, the
+runner compares the tasks the metadata assigns to
 this broker with those it runs: it starts the new ones and stops (cancels) those no longer
 its own, whose datastream was deleted, or whose epoch moved on without it (the coordinator
 gave the task new partitions, or another broker). A task that starts — and a task that
@@ -10,7 +11,9 @@ compare-and-set on this broker and the epoch it held). The epoch fences: the des
 refuses writes of an older epoch once a newer one wrote, and a writer is never reused after
 a failure, so an idempotent producer's sequences never restart within one epoch.
 
-Each partition of a task loops: resume from the checkpoint (or the source's `start`), read
+Each partition of a task loops: resume from the checkpoint (or the source's `start`; a
+mirror from its own end when that is before the checkpoint: the copy it lost to a failover
+whose ack policy was `leader` is copied again), read
 a batch, write it, and commit as checkpoint what the writer says the destination holds for
 good (`checkpointable`: a stream, everything it acknowledged; a file sink, what is in
 complete files). A failure anywhere marks the task `faulty` with the error, closes both
@@ -63,6 +66,9 @@ from jetstream.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 RECONCILE_S = 0.25
+#: How often the runner looks whether the metadata changed (a task assigned here starts
+#: then, not at the next reconcile).
+WAKE_S = 0.02
 READ_WAIT_MS = 500
 PAUSED_POLL_S = 0.2
 BACKOFF_S_MIN = 0.2
@@ -194,12 +200,16 @@ class Runner:
                    for t in ds.tasks)
 
     async def _reconcile_loop(self) -> None:
+        seen, reconciled = -1, 0.0
         while True:
-            try:
-                await self.reconcile()
-            except Exception:
-                log.exception("datastream tasks: reconcile failed")
-            await asyncio.sleep(RECONCILE_S)
+            version, now = self._state().version, time.monotonic()
+            if version != seen or now - reconciled >= RECONCILE_S:
+                seen, reconciled = version, now
+                try:
+                    await self.reconcile()
+                except Exception:
+                    log.exception("datastream tasks: reconcile failed")
+            await asyncio.sleep(WAKE_S)
 
     async def reconcile(self) -> None:
         if self.broker_id in self._state().datastream_draining and not self.draining:
@@ -300,6 +310,9 @@ class Runner:
             checkpoint = await reader.start_position(source_partition)
             await reader.commit(group, source_partition, checkpoint)
         position = progress.position = progress.checkpoint = checkpoint
+        if ends.copier is not None:  # a mirror holds the truth: go on from where it ends
+            position = progress.position = min(
+                checkpoint, await ends.copier.end_offset(source_partition))
         while not self.draining:
             ds = self._check_owner(run)
             progress.paused = ds.partition_paused(partition)
@@ -312,24 +325,27 @@ class Runner:
             if self.draining:
                 return  # read, not written: the next owner reads it again
             progress.end_position = batch.end_position
-            count = len(batch.records)
+            count = batch.record_count
             if bucket is not None and count:
                 wait_s = bucket.take(count, time.monotonic())
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)  # the rate limit: paid before the write
-            size = sum(record.size_bytes() for record in batch.records)
+            size = batch.size_bytes()
             progress.records_in += count
             progress.bytes_in += size
             self._count(run.name, "records_in", count)
             self._count_bytes(run, "bytes_in", size)
             self._check_owner(run)  # no write after the task moved (its epoch fences too)
-            await writer.write(batch.records)  # also with none: a writer may roll by time
+            if batch.copied is not None and ends.copier is not None:
+                await ends.copier.write_copied(source_partition, batch.copied)
+            else:
+                await writer.write(batch.records)  # also with none: a writer may roll by time
             if count:
                 progress.records_out += count
                 progress.bytes_out += size
                 self._count_bytes(run, "bytes_out", size)
                 progress.last_write_ms = int(time.time() * 1000)
-                progress.last_record_timestamp_ms = batch.records[-1].timestamp_ms
+                progress.last_record_timestamp_ms = batch.last_timestamp_ms
                 self._count(run.name, "records_out", count)
             position = progress.position = batch.next_position
             durable = writer.checkpointable(source_partition, position)

@@ -24,6 +24,10 @@ from jetstream.errors.client import (
 from jetstream.errors.datastreams import (
     DatastreamExists,
     InvalidDatastreamConfig,
+    MirrorFenced,
+    MirrorMismatch,
+    MirrorOffsetGap,
+    StreamIsMirror,
     UnknownConnector,
     UnknownDatastream,
 )
@@ -148,6 +152,9 @@ __all__ = [
     "LogClosed",
     "MetadataUnavailable",
     "MethodNotAllowed",
+    "MirrorFenced",
+    "MirrorMismatch",
+    "MirrorOffsetGap",
     "NatsServerNotFound",
     "NatsServerStartFailed",
     "NoCommittedOffset",
@@ -177,6 +184,7 @@ __all__ = [
     "StaleMemberEpoch",
     "StorageError",
     "StreamExists",
+    "StreamIsMirror",
     "TlsCertExpired",
     "TlsCertNotYetValid",
     "TlsConfigError",

@@ -53,6 +53,11 @@ class Request(Message):
     op: ClassVar[Op]
     response_type: ClassVar[type[Response]]
 
+    def with_payload(self, payload: bytes) -> Self:
+        """This request with the frame's payload (only MIRROR_APPEND carries one; the
+        others ignore it)."""
+        return self
+
 
 @dataclass(frozen=True, slots=True)
 class EmptyResponse(Response):

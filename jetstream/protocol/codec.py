@@ -23,6 +23,7 @@ from jetstream.protocol import (
     groups,
     integrity,
     kv,
+    mirror,
     offsets,
     reads,
     registers,
@@ -43,7 +44,7 @@ from jetstream.protocol.wire_errors import error_from_header, error_header
 _R = TypeVar("_R", bound=Response)
 
 _CONCERNS = (reads, admin, replication, offsets, groups, kv, integrity, replica_fetch,
-             fragments, registers, auth, datastreams)
+             fragments, registers, auth, datastreams, mirror)
 
 REQUEST_TYPES: Mapping[Op, type[Request]] = {
     request_type.op: request_type for concern in _CONCERNS for request_type in concern.REQUESTS}
@@ -78,7 +79,8 @@ def decode_request(frame: Frame) -> Request:
     request_type = REQUEST_TYPES.get(op)
     if request_type is None:
         raise ProtocolError(f"op {op.name} has no request type here", field="op")
-    return request_type.from_header(frame.header)
+    request = request_type.from_header(frame.header)
+    return request.with_payload(frame.payload) if frame.payload else request
 
 
 def decode_response(frame: Frame) -> Response:

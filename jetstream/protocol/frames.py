@@ -122,6 +122,8 @@ class Op(enum.IntEnum):
     ACL_REMOVE = 43
     # Datastreams (protocol/datastreams.py): numbered from 50.
     DATASTREAMS = 50
+    # Mirror copies of record batches (protocol/mirror.py): numbered from 60.
+    MIRROR_APPEND = 60
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -84,6 +84,7 @@ from jetstream.protocol.integrity import (
     ScrubResponse,
 )
 from jetstream.protocol.kv import GetRequest, GetResponse, KeysRequest, KeysResponse
+from jetstream.protocol.mirror import MirrorAppendRequest, MirrorAppendResponse
 from jetstream.protocol.offsets import (
     RESET_TARGETS,
     CommitOffsetRequest,
@@ -188,6 +189,8 @@ __all__ = [
     "Message",
     "MetadataRequest",
     "MetadataResponse",
+    "MirrorAppendRequest",
+    "MirrorAppendResponse",
     "OffsetForTimestampRequest",
     "OffsetForTimestampResponse",
     "PartitionAnswer",

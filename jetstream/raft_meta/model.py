@@ -32,10 +32,12 @@ UPDATABLE_FIELDS = frozenset({
     "ack_policy", "fsync", "fsync_interval_ms", "retention_ms", "retention_bytes",
     "retention_messages", "segment_bytes_max", "segment_ms_max", "max_message_bytes",
     "cleanup_policy", "min_cleanable_dirty_ratio", "min_compaction_lag_ms",
-    "max_compaction_lag_ms", "delete_retention_ms", "duplicate_window_ms",
+    "max_compaction_lag_ms", "delete_retention_ms", "duplicate_window_ms", "mirror",
 }) | tiered.FIELDS
 #: The longest message id dedupe window a stream may have.
 DUPLICATE_WINDOW_MS_MAX = 7 * DAY_MS
+#: Longest `mirror` setting (the source a mirror stream copies: "<cluster>/<stream>").
+MIRROR_CHARS_MAX = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,9 @@ class StreamConfig:
     local_retention_bytes: int | None = None
     fragment_store_retention: tiered.StoreRetention = tiered.StoreRetention.DELETE
     fragment_format: tiered.FragmentFormat = tiered.FragmentFormat.SEGMENT
+    #: Set on a stream a datastream mirrors batch by batch: the source it copies
+    #: ("<cluster>/<stream>"). Only that copy writes it; None: an ordinary stream.
+    mirror: str | None = None
 
     def __post_init__(self) -> None:
         names.check_stream_name(self.name)
@@ -82,6 +87,10 @@ class StreamConfig:
         _int(self, "min_isr", 1, self.replication_factor)
         _int(self, "max_message_bytes", 64, MESSAGE_BYTES_MAX)
         _int(self, "duplicate_window_ms", 1, DUPLICATE_WINDOW_MS_MAX)
+        if self.mirror is not None and (not isinstance(self.mirror, str) or not
+                                        0 < len(self.mirror) <= MIRROR_CHARS_MAX):
+            raise InvalidStreamConfig(f"mirror must be None or a string of 1..{MIRROR_CHARS_MAX}"
+                                      f" characters, got {self.mirror!r}", field="mirror")
         enums: tuple[tuple[str, type[enum.Enum]], ...] = (
             ("ack_policy", AckPolicy), ("fsync", FsyncPolicy), ("cleanup_policy", CleanupPolicy),
             *tiered.ENUM_FIELDS)

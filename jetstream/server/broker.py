@@ -65,6 +65,7 @@ from jetstream.server.http_groups import BrokerClient
 from jetstream.server.integrity import Integrity
 from jetstream.server.kv import KeyValue
 from jetstream.server.metrics import BrokerMetrics
+from jetstream.server.mirror_api import MirrorCopies
 from jetstream.server.nats_dial import NatsAuth
 from jetstream.server.nats_port import NatsPort, connect_nats
 from jetstream.server.offsets_stream import OffsetsStream
@@ -280,6 +281,7 @@ class Broker:
             on(m.FragmentsRequest, admin.on_fragments),
             on(m.RegistersRequest, admin.on_registers),
             on(m.DatastreamRequest, self._datastreams_handler()),
+            on(m.MirrorAppendRequest, MirrorCopies(admin.leader_for).append),
             on(m.MetadataRequest, admin.on_metadata),
             on(m.ListStreamsRequest, admin.on_list_streams),
             on(m.CreateStreamRequest, admin.on_create_stream),

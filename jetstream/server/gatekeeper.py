@@ -90,6 +90,8 @@ def required(request: m.Request) -> list[Need]:
             return [("describe", "stream", s) for s in named]
         case m.ListGroupsRequest() | m.AclListRequest():
             return [("describe", "cluster", CLUSTER)]
+        case m.MirrorAppendRequest(stream=s):
+            return [("write", "stream", s)]
         case m.DatastreamRequest(action=action):
             # Datastreams are the cluster's pipes: managing them is cluster administration.
             return [("describe", "cluster", CLUSTER) if action in DATASTREAM_READS

@@ -86,10 +86,12 @@ from jetstream.server.ingest_batch import (
 )
 from jetstream.server.leader_isr import Replication, SessionWatch
 from jetstream.server.metrics import PartitionMetrics
+from jetstream.server.mirror_writes import mirror_error, refusals
 from jetstream.server.nats_port import NatsPort, Subscription
 from jetstream.server.nats_wire import NatsMsg
 from jetstream.server.scheduler import Scheduler
 from jetstream.stream.config import FsyncPolicy
+from jetstream.stream.copying import CopyPlan
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.format import Record
 from jetstream.stream.log import AppendInfo, Log
@@ -312,6 +314,11 @@ class PartitionLeader:
                 lambda: len(self._unsynced) + len(self._uncommitted) < limit)
 
     async def _append_messages(self, msgs: list[NatsMsg]) -> None:
+        refused = mirror_error(self.stream)
+        if refused is not None:  # only its datastream writes a mirror
+            self.metrics.errors += len(msgs)
+            await self._publish_errors(refusals(msgs, refused))
+            return
         refuse_all = self._refuse_all()
         batch = take_messages(msgs, self.stream, refuse_all, self._not_enough_replicas)
         self.metrics.errors += len(batch.errors)
@@ -395,6 +402,9 @@ class PartitionLeader:
         """`append_direct` of one publish with expectations, all or nothing: (first offset,
         next offset, False), or (original first offset, the same + len(records), True) for a
         retry stored before. Raises the guard's refusal (OFFSET_MISMATCH, ...)."""
+        refused = mirror_error(self.stream)
+        if refused is not None:
+            raise refused
         for record in records:
             size = 0 if record.value is None else len(record.value)
             if size > self.stream.max_message_bytes:
@@ -423,6 +433,34 @@ class PartitionLeader:
             self.metrics.appended_bytes += info.size_bytes
             first, end, duplicate = info.base_offset, info.log_end_offset, False
             batch = PendingBatch(info.log_end_offset, [], [])
+        await self._enqueue_and_wait(batch, policy)
+        return first, end, duplicate
+
+    async def append_copied(self, plan: Callable[[int, int], CopyPlan],
+                            policy: AckPolicy) -> CopyPlan:
+        """Append whole batches copied from a mirror's source (jetstream.server.mirror_api):
+        `plan(log end offset, leader epoch)` says what to append (checked, re-stamped, what
+        the log holds already left out; it raises to refuse), called with no await before
+        the append. Returns it once the log end is durable (`leader`) or committed (`all`)."""
+        if policy is _ALL and self._refuse_all():
+            raise self._not_enough_replicas()
+        await self._tier_ready.wait()
+        if self._stopping:
+            raise NotLeader(self.stream.name, self.state.partition)
+        await self._wait_for_room()
+        copied = plan(self.log.log_end_offset, self.state.leader_epoch)
+        if copied.data:
+            if self._disk is not None:
+                self._disk.check(copied.records)
+            info = self.log.append_batches(copied.data, sync=False, check_records=False)
+            self._on_append()
+            self.metrics.appended_records += copied.records
+            self.metrics.appended_bytes += info.size_bytes
+        await self._enqueue_and_wait(PendingBatch(self.log.log_end_offset, [], []), policy)
+        return copied
+
+    async def _enqueue_and_wait(self, batch: PendingBatch, policy: AckPolicy) -> None:
+        """Queue a direct append's batch; return once `policy` is met."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if policy is not AckPolicy.NONE:
             batch.waiters.append(done)
@@ -430,7 +468,6 @@ class PartitionLeader:
             done.set_result(None)
         await self._enqueue(batch)
         await done
-        return first, end, duplicate
 
     # -- durability, commit and acks ---------------------------------------------------------------
 

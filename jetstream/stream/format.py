@@ -62,7 +62,8 @@ BATCH_LENGTH_MIN = BATCH_HEADER.size - LOG_OVERHEAD.size
 # Everything after the CRC field: attributes .. record_count.
 _AFTER_CRC = struct.Struct(">HIqqI")
 assert CRC_START + _AFTER_CRC.size == BATCH_HEADER.size
-_BEFORE_CRC = struct.Struct(">qIIB")
+BEFORE_CRC = struct.Struct(">qIIB")
+_BEFORE_CRC = BEFORE_CRC
 assert _BEFORE_CRC.size == CRC_OFFSET
 
 RECORD_HEADER = struct.Struct(">IIqiIHH")

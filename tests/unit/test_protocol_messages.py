@@ -566,3 +566,16 @@ def test_error_header_sends_non_wire_fields_as_text() -> None:
     assert header["items"] == ["a", 1]
     assert isinstance(header["where"], str) and isinstance(header["nested"]["k"], str)
     msgpack.packb(header)
+
+
+def test_mirror_append_carries_its_batches_in_the_payload() -> None:
+    from jetstream.protocol.frames import encode_frame_with_payload
+
+    request = m.MirrorAppendRequest("orders", 1, "a:1/orders", "orders-dr", 12, "", b"batches")
+    assert "data" not in request.to_header()
+    frame = one_frame(encode_frame_with_payload(5, Kind.REQUEST, Op.MIRROR_APPEND,
+                                                request.to_header(), request.data))
+    assert m.decode_request(frame) == request
+    with pytest.raises(ProtocolError) as bad:
+        m.MirrorAppendRequest("orders", 1, "a:1/orders", "orders-dr", 12, "sometimes")
+    assert bad.value.fields["field"] == "ack_policy"
