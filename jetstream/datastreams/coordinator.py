@@ -1,7 +1,8 @@
 """The datastream coordinator: on the metadata leader, keep every datastream's tasks planned.
 
-Theory of operation (Brooklin's leader coordinator): every TICK_S, and within WAKE_S of any
-metadata change (a datastream created or changed is planned at once), the broker that leads
+Theory of operation (Brooklin's leader coordinator): every TICK_S, and as soon as a metadata
+change is applied (`wake`: a datastream created or changed is planned at once; changes that
+come together are planned together, at most one pass per WAKE_S), the broker that leads
 the metadata learns each datastream's source partition count (asked of the source through its
 connector at most every PARTITIONS_REFRESH_S, remembered between asks), takes the live
 brokers (this one and those whose metadata Raft connection is up, as failover does), plans
@@ -60,6 +61,7 @@ class Coordinator:
         #: The source each reader was opened for (an update may rotate its settings).
         self._opened_for: dict[tuple[str, int], Endpoint] = {}
         self._loop: asyncio.Task[None] | None = None
+        self._woken = asyncio.Event()
         self.proposals = 0
         #: Per datastream: committed assignments that changed its tasks (the first included).
         self.rebalances: dict[str, int] = {}
@@ -74,14 +76,17 @@ class Coordinator:
                 await self._loop
         await self._close_readers(set(self._readers))
 
+    def wake(self) -> None:
+        """A metadata command was applied: plan again now."""
+        self._woken.set()
+
     async def _run(self) -> None:
-        seen, ticked = -1, 0.0
         while True:
-            await asyncio.sleep(WAKE_S)
-            version, now = self._state().version, time.monotonic()
-            if version == seen and now - ticked < TICK_S:
-                continue  # nothing committed since the last tick, and it is not yet due
-            seen, ticked = version, now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), TICK_S)
+            if self._woken.is_set():
+                await asyncio.sleep(WAKE_S)  # what else comes with it joins this pass
+                self._woken.clear()
             if not self._is_leader():
                 await self._close_readers(set(self._readers))
                 continue

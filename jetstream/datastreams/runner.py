@@ -1,7 +1,8 @@
 """The tasks this broker runs: each one reads its source partitions, writes the destination,
 and checkpoints each partition after the destination acknowledged.
 
-Theory of operation: every RECONCILE_S, and within WAKE_S of any metadata change, the
+Theory of operation: every RECONCILE_S, and as soon as a metadata change is applied (`wake`;
+changes that come together are reconciled together, at most one pass per WAKE_S), the
 runner compares the tasks the metadata assigns to
 this broker with those it runs: it starts the new ones and stops (cancels) those no longer
 its own, whose datastream was deleted, or whose epoch moved on without it (the coordinator
@@ -150,6 +151,7 @@ class Runner:
         #: Per datastream and task: bytes read and written (counters for /metrics).
         self.task_bytes: dict[tuple[str, int], dict[str, int]] = {}
         self._loop: asyncio.Task[None] | None = None
+        self._woken = asyncio.Event()
         #: Set by `hand_off`: partition loops stop at their next batch boundary.
         self.draining = False
 
@@ -199,17 +201,21 @@ class Runner:
         return sum(t.broker == self.broker_id for ds in self._state().datastreams.values()
                    for t in ds.tasks)
 
+    def wake(self) -> None:
+        """A metadata command was applied: reconcile now."""
+        self._woken.set()
+
     async def _reconcile_loop(self) -> None:
-        seen, reconciled = -1, 0.0
         while True:
-            version, now = self._state().version, time.monotonic()
-            if version != seen or now - reconciled >= RECONCILE_S:
-                seen, reconciled = version, now
-                try:
-                    await self.reconcile()
-                except Exception:
-                    log.exception("datastream tasks: reconcile failed")
-            await asyncio.sleep(WAKE_S)
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("datastream tasks: reconcile failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), RECONCILE_S)
+            if self._woken.is_set():
+                await asyncio.sleep(WAKE_S)  # what else comes with it joins this pass
+                self._woken.clear()
 
     async def reconcile(self) -> None:
         if self.broker_id in self._state().datastream_draining and not self.draining:

@@ -57,6 +57,11 @@ class DatastreamService:
         self.runner = Runner(broker_id, self._state, metadata.propose, self._endpoints)
         self.coordinator = Coordinator(self._state, lambda: bool(metadata.is_leader), live,
                                        metadata.propose, self._endpoints)
+        metadata.add_listener(self._applied)
+
+    def _applied(self, _command: object, _result: object) -> None:
+        self.coordinator.wake()
+        self.runner.wake()
 
     def _state(self) -> MetadataState:
         state: MetadataState = self._metadata.state
