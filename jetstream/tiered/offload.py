@@ -75,6 +75,7 @@ class TierMetrics:
     store_fragments_deleted: int = 0
     store_reads: int = 0
     store_read_bytes: int = 0
+    listings: int = 0
 
 
 @dataclass(frozen=True, slots=True)

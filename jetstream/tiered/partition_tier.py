@@ -144,10 +144,7 @@ class PartitionTier:
         if not isinstance(outcome, PassResult):
             self._failed(outcome)
             self.metrics.failed_passes += 1
-            backoff = min(self._config.backoff_ms_max,
-                          self._config.backoff_ms_min << min(self._failures, 16))
-            self._failures += 1
-            return now_ms + backoff, False
+            return self._back_off(now_ms), False
         self._failures = 0
         self.store_error = None
         self.apply(outcome, self._generation, now_ms)
@@ -162,6 +159,7 @@ class PartitionTier:
             self.verified &= {f.name for f in result.listed} | {f.name for f in
                                                                 result.uploaded}
             self.listed = True
+            self.metrics.listings += 1
             self._next_list_ms = now_ms + self._config.list_interval_ms
         for fragment in result.uploaded:
             self.index.add(fragment)
@@ -174,6 +172,13 @@ class PartitionTier:
             self.metrics.store_fragments_deleted += len(result.deleted_fragments)
         self.metrics.local_segments_deleted += len(result.local_deleted)
         self.metrics.backlog_bytes = max(0, result.backlog_bytes)
+
+    def _back_off(self, now_ms: int) -> int:
+        """When to try the store again after one more failure in a row."""
+        backoff = min(self._config.backoff_ms_max,
+                      self._config.backoff_ms_min << min(self._failures, 16))
+        self._failures += 1
+        return now_ms + backoff
 
     def _failed(self, outcome: object) -> None:
         if isinstance(outcome, FragmentStoreUnavailable):
@@ -191,20 +196,12 @@ class PartitionTier:
         loop = asyncio.get_running_loop()
         delay_ms = self._config.backoff_ms_min
         while not stopping():
-            generation = self.index.generation
-            try:
-                listed = await loop.run_in_executor(
-                    self._executor, lambda: self.store().list_partition(self.stream,
-                                                                        self.partition))
-            except FragmentStoreUnavailable as exc:
-                self.store_error = exc
+            if not await self.list_once(monotonic_ms()):
                 log.warning("%s/%d waits for its fragment store to start: %s", self.stream,
-                            self.partition, exc)
+                            self.partition, self.store_error)
                 await asyncio.sleep(delay_ms / 1000)
                 delay_ms = min(self._config.backoff_ms_max, delay_ms * 2)
                 continue
-            self.store_error = None
-            self.apply(PassResult(listed=listed), generation, _monotonic_ms())
             end = self.index.any_end_offset
             if (end is not None and log_.log_start_offset == log_.log_end_offset
                     and end > log_.log_end_offset):
@@ -215,6 +212,30 @@ class PartitionTier:
                 return True
             return False
         return False
+
+    # -- a follower's index --------------------------------------------------------------------
+
+    def listing_due_ms(self) -> int:
+        """When the index should be listed again (0 until the first listing: at once)."""
+        return self._next_list_ms
+
+    async def list_once(self, now_ms: int) -> bool:
+        """List the store into the index (off the loop). False when the store failed: its
+        error is kept, and the next listing is due after a backoff doubling up to
+        `backoff_ms_max`."""
+        generation = self.index.generation
+        try:
+            listed = await asyncio.get_running_loop().run_in_executor(
+                self._executor, partial(self.store().list_partition, self.stream,
+                                        self.partition))
+        except FragmentStoreUnavailable as exc:
+            self.store_error = exc
+            self._next_list_ms = self._back_off(now_ms)
+            return False
+        self._failures = 0
+        self.store_error = None
+        self.apply(PassResult(listed=listed), generation, now_ms)
+        return True
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -323,7 +344,7 @@ class PartitionTier:
         doomed = fragments_below(index, cut)
         await asyncio.get_running_loop().run_in_executor(
             self._executor, offload.delete_through, store, log_, index, doomed, cut, result)
-        self.apply(result, self.index.generation, _monotonic_ms())
+        self.apply(result, self.index.generation, monotonic_ms())
         return result
 
     def describe(self, log_: Log) -> dict[str, Any]:
@@ -352,5 +373,5 @@ def _fragment_dict(store: FragmentStore, fragment: StoredFragment, useful: bool
             "url": store.url_of(name), "redundant": not useful}
 
 
-def _monotonic_ms() -> int:
+def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
