@@ -112,9 +112,10 @@ class PartitionTier:
             waiting is not None and high_watermark >= waiting)
 
     def prepare(self, log_: Log, high_watermark: int, total: TotalRetention, now_ms: int,
-                wall_ms: int) -> Callable[[], PassResult]:
+                wall_ms: int, keep_from: int | None = None) -> Callable[[], PassResult]:
         """The blocking part of the next pass (`now_ms`: the scheduler's clock, for the
-        listing interval; `wall_ms`: the wall clock, for retention by age)."""
+        listing interval; `wall_ms`: the wall clock, for retention by age; `keep_from`: see
+        offload.PassInput)."""
         bases = log_.segment_base_offsets
         self._segments_seen = len(bases)
         sealed_end = bases[-1]  # the active segment's base: where the sealed ones end
@@ -132,7 +133,7 @@ class PartitionTier:
                          tuple(self.index.all()), frozenset(self.verified),
                          list_now=not self.listed or now_ms >= self._next_list_ms,
                          generation=self.index.generation, total_retention=total,
-                         now_ms=wall_ms)
+                         now_ms=wall_ms, keep_from=keep_from)
         return partial(self._run, log_, task)
 
     def _run(self, log_: Log, task: PassInput) -> PassResult:

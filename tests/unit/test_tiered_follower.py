@@ -1,8 +1,9 @@
 """Followers keep a fragment index (jetstream.tiered.service): a followed partition's store
 is listed at once and then every listing interval, the tier outlives the role (a new leader
 takes it, index and all), a change of settings makes a new one, tiers of partitions no longer
-held are dropped, and a failing store backs the listing off. Real logs, a real `file://`
-store."""
+held are dropped, and a failing store backs the listing off. And a leader deletes no local
+segment a follower has not copied yet (it copies only from the leader's disk). Real logs, a
+real `file://` store."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from jetstream.isr.leader import LeaderState
 from jetstream.raft_meta.model import StreamConfig
+from jetstream.server.housekeeping import replicas_hold
 from jetstream.stream.handles import HandlePool
 from jetstream.tiered.partition_tier import TierConfig
 from jetstream.tiered.service import Tiering
 from tests.unit.log_helpers import Clock, append_n, make
-from tests.unit.test_tiered_offload import STREAM, new_tier, run_pass
+from tests.unit.test_tiered_offload import NO_RETENTION, STREAM, new_tier, run_pass
 
 DEADLINE_S = 10.0
 
@@ -103,3 +106,27 @@ def test_a_failing_store_backs_the_follower_listing_off(tmp_path: Path) -> None:
             await tiers.close()
 
     asyncio.run(main())
+
+
+def test_local_segments_stay_until_every_replica_holds_them(tmp_path: Path) -> None:
+    log = make(tmp_path / "log", Clock(), segment_bytes_max=4096)
+    try:
+        append_n(log, 100, per_batch=2)
+        hw = log.log_end_offset
+        tier = new_tier(f"file://{tmp_path / 'store'}", tmp_path)  # local retention: 1 byte
+        isr = LeaderState(0, 3, (0, 1, 2), (0, 1, 2), hw, hw, 0, 10_000, 2)
+        assert replicas_hold(isr) == 0  # no follower fetched in this epoch yet
+        for _ in range(5):
+            tier.finish(tier.prepare(log, hw, NO_RETENTION, 0, 0, replicas_hold(isr))(), 0)
+        assert len(tier.index) >= 4 and log.log_start_offset == 0  # offloaded, all kept
+        isr.on_follower_fetch(1, hw, 0)
+        isr.on_follower_fetch(2, 60, 0)
+        assert replicas_hold(isr) == 60
+        tier.finish(tier.prepare(log, hw, NO_RETENTION, 0, 0, replicas_hold(isr))(), 0)
+        assert 0 < log.log_start_offset <= 60  # up to the slower follower's end
+        isr.on_follower_fetch(2, hw, 0)
+        tier.finish(tier.prepare(log, hw, NO_RETENTION, 0, 0, replicas_hold(isr))(), 0)
+        assert log.log_start_offset > 60 and len(log.segment_base_offsets) == 1
+        assert replicas_hold(None) is None
+    finally:
+        log.close()
