@@ -252,8 +252,10 @@ class PartitionTier:
         if fragment is None:
             raise OffsetOutOfRange(offset, self.start_offset(log_), upper_bound)
         store = self.store()
+        # The next fragments download while this one does (and while it is read).
+        self._read_ahead(store, fragment, log_.log_start_offset)
         try:
-            segment = await self._cache.segment(store, fragment.name)
+            segment = await self._cache.segment(store, fragment.name, fragment.size_bytes)
         except (NotFoundError, FileNotFoundError):
             # Gone from the store since the last listing (a prune, a lifecycle rule).
             self.index.remove([fragment.name])
@@ -261,7 +263,6 @@ class PartitionTier:
         piece = self._cache.read(segment, offset, max_bytes, min(upper_bound, fragment.end))
         self.metrics.store_reads += 1
         self.metrics.store_read_bytes += piece.length
-        self._read_ahead(store, fragment, log_.log_start_offset)
         return piece
 
     async def offset_for_timestamp(self, timestamp_ms: int, log_: Log) -> int | None:
@@ -304,7 +305,8 @@ class PartitionTier:
         """The fragment as a segment from the cache (downloaded when not there); a fragment
         gone from the store since the last listing leaves the index: OFFSET_OUT_OF_RANGE."""
         try:
-            return await self._cache.segment(self.store(), fragment.name)
+            return await self._cache.segment(self.store(), fragment.name,
+                                             fragment.size_bytes)
         except (NotFoundError, FileNotFoundError):
             self.index.remove([fragment.name])
             raise OffsetOutOfRange(fragment.begin, self.start_offset(log_),
@@ -313,13 +315,13 @@ class PartitionTier:
     def _read_ahead(self, store: FragmentStore, fragment: StoredFragment, local_start: int
                     ) -> None:
         """Fetch the next READ_AHEAD_FRAGMENTS fragments below the local log start."""
-        names: list[FragmentName] = []
+        names: list[tuple[FragmentName, int]] = []
         at = fragment.end
         while len(names) < READ_AHEAD_FRAGMENTS and at < local_start:
             following = self.index.covering(at)
             if following is None:
                 break
-            names.append(following.name)
+            names.append((following.name, following.size_bytes))
             at = following.end
         if names:
             self._cache.prefetch(self.key, partial(self._cache.load_all, store, names))
