@@ -26,17 +26,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from obstore.exceptions import NotFoundError
 
 import jetstream.spark.arrow_decode as arrow_decode
 from jetstream.errors import FragmentStoreUnavailable
-from jetstream.tiered import codec
 from jetstream.tiered.names import FragmentKind, FragmentName
-from jetstream.tiered.store import FragmentStore
+
+if TYPE_CHECKING:
+    from jetstream.tiered.store import FragmentStore
+
+# The store library, codecs and pyarrow's Parquet reader are imported by the tasks that read
+# fragments only: every Spark task imports this module (its planned tasks name the type).
 
 #: Bytes of segment batches decoded at once (as jetstream.spark.segment_reader reads them).
 DECODE_BYTES = 4 << 20
@@ -82,6 +84,9 @@ def read_fragments(split: FragmentSplit, columns: Sequence[str], *,
                    timestamp_min_ms: int | None = None, timestamp_max_ms: int | None = None,
                    verify: bool = True) -> Iterator[pa.RecordBatch]:
     """The split's rows with exactly `columns` (see the module docstring)."""
+    from jetstream.tiered import codec
+    from jetstream.tiered.store import FragmentStore
+
     try:
         store = FragmentStore(split.store)
     except OSError as exc:  # a `file://` store's directory cannot be made
@@ -103,6 +108,8 @@ def read_fragments(split: FragmentSplit, columns: Sequence[str], *,
 
 def _download(store: FragmentStore, name: FragmentName, split: FragmentSplit,
               offset: int) -> bytes:
+    from obstore.exceptions import NotFoundError
+
     try:
         return store.get(store.key(name))
     except (NotFoundError, FileNotFoundError):
@@ -146,6 +153,9 @@ def _segment_rows(data: bytes, split: FragmentSplit, columns: Sequence[str], off
 def _parquet_rows(payload: bytes, columns: Sequence[str], start: int, end: int,
                   timestamp_min_ms: int | None, timestamp_max_ms: int | None
                   ) -> Iterator[pa.RecordBatch]:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     table = pq.read_table(pa.BufferReader(payload))
     wanted = pc.and_(pc.greater_equal(table["offset"], start), pc.less(table["offset"], end))
     micros = table["timestamp"].cast(pa.int64())
