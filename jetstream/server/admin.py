@@ -227,8 +227,7 @@ class Admin:
         return health
 
     def _tiers(self) -> list[PartitionTier]:
-        return [leader.tier for leader in self._roles.leaders.values()
-                if leader.tier is not None]
+        return self._roles.tiering.held()  # led and followed
 
     def render_metrics(self, high_watermarks: Mapping[tuple[str, int], int]) -> str:
         leaders = self._roles.leaders

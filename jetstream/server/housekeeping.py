@@ -176,7 +176,7 @@ class Housekeeping:
             return self._tier.prepare(
                 log_, self._leader.high_watermark,
                 TotalRetention(cfg.retention_ms, cfg.retention_bytes, cfg.retention_messages),
-                now_ms, self._wall_clock())
+                now_ms, self._wall_clock(), replicas_hold(self._leader.isr))
         return None  # the ISR tick runs on the loop, in `finish`
 
     async def finish(self, work: Work, outcome: Outcome, now_ms: int) -> None:
@@ -219,6 +219,16 @@ class Housekeeping:
                 log_ = self._leader.log
                 log_.write_high_watermark(min(high_watermark, log_.log_end_offset))
                 self._checkpointed_hw = high_watermark
+
+
+def replicas_hold(isr: LeaderState | None) -> int | None:
+    """The least log end offset among the other replicas (0 while one has not fetched in
+    this leader epoch); None without replication. Offload keeps local segments from there:
+    a follower copies only from the leader's disk."""
+    if isr is None:
+        return None
+    ends = [isr.follower_state(r).log_end_offset for r in isr.replicas if r != isr.leader_id]
+    return min((0 if end is None else end for end in ends), default=None)
 
 
 def _retention_pass(log_: Log, high_watermark: int, wall_clock: Callable[[], int]

@@ -238,6 +238,7 @@ class Roles:
             for outcome in started:
                 if isinstance(outcome, BaseException):
                     raise outcome
+        self.tiering.retain(self.leaders.keys() | self.followers.keys())
         kept = wanted.keys() if clustered else state.partitions.keys()
         if change.everything:
             self._delete_orphan_logs({f"{name}-{p}" for name, p in kept})
@@ -430,6 +431,7 @@ class Roles:
             follower = self.followers.get(key)
             if follower is not None:
                 follower.stream = stream
+                self.tiering.follow(stream, key[1])  # its index follows the settings
         for key in keys:
             leader = self.leaders.get(key)
             stream = streams.get(key[0])
@@ -510,6 +512,7 @@ class Roles:
             damage_found=self.damage_found, disk=self._disk, appends=self._appends)
         await follower.start()
         self.followers[(stream.name, partition.partition)] = follower
+        self.tiering.follow(stream, partition.partition)
         log.info("following broker %d for %s/%d at epoch %d", partition.leader, stream.name,
                  partition.partition, partition.leader_epoch)
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from jetstream.errors import DataLoss, InvalidSparkOption, OffsetOutOfRange
+from jetstream.spark.fragment_reader import FragmentSplit
 from jetstream.spark.options import EARLIEST, LATEST, ReadOptions
 from jetstream.spark.segment_reader import FileSplit, SegmentFile, segments_for, split_offsets
 
@@ -81,6 +82,9 @@ class ReadTask:
     timestamp_max_ms: int | None = None
     #: Keep only each key's latest record, and drop keys whose latest is a tombstone.
     compacted_latest: bool = False
+    #: The fragments to read straight from the fragment store (offsets below the leader's
+    #: local log start, jetstream.spark.store_planning); None: `files`, else Fetch.
+    fragments: FragmentSplit | None = None
 
 
 @dataclass(frozen=True, slots=True)

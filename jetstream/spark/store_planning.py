@@ -14,7 +14,11 @@ Parquet fragments its leader's index lists, a partition's read is cut in two:
 A partition with no Parquet fragment at `start` is read wholly by the source. Parquet
 fragments are only made of committed segments, so both halves hold committed records only.
 `stored_start` says how far below the leader's log start the Parquet history reaches without
-a gap (history that left the brokers' disks is still read from Parquet).
+a gap (history that left the brokers' disks is still read from Parquet). Below the leader's
+local log start, the part of a tail Parquet does not cover is read from the segment
+fragments (`fragment_tasks`: tasks holding the fragments' names, cut where fragments end, read
+straight from the store by jetstream.spark.fragment_reader); a Parquet piece can be read the
+same way where Spark's own reader cannot reach the store (`ParquetPiece.tasks`).
 Pure: no IO.
 """
 
@@ -25,6 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jetstream.errors import InvalidSparkOption
+from jetstream.spark.fragment_reader import FragmentSplit
+from jetstream.spark.planning import ReadTask
+from jetstream.spark.segment_reader import split_offsets
 from jetstream.tiered.index import Coverage, StoredFragment
 from jetstream.tiered.names import Compression, FragmentKind, FragmentName
 
@@ -45,6 +52,17 @@ class ParquetPiece:
     #: The offsets the files hold together ([files_begin, files_end) covers [start, end)).
     files_begin: int = 0
     files_end: int = 0
+    #: The files' fragment names and their store (for a read through the store library).
+    names: tuple[FragmentName, ...] = ()
+    store: str = ""
+
+    def tasks(self) -> list[ReadTask]:
+        """The piece as tasks reading its files with the store library, one per file."""
+        return [ReadTask(self.stream, self.partition, start, end, None,
+                         fragments=FragmentSplit(self.stream, self.partition, start, end,
+                                                 self.store, (name,)))
+                for name in self.names
+                if (start := max(self.start, name.begin)) < (end := min(self.end, name.end))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +71,8 @@ class PartitionFragments:
 
     coverage: Coverage
     urls: Mapping[FragmentName, str] = field(default_factory=dict)
+    #: The stream's fragment store URL.
+    store: str = ""
 
     def stored_start(self, log_start_offset: int) -> int | None:
         """The lowest offset from which Parquet covers every offset up to the log start
@@ -72,21 +92,23 @@ class StorePlan:
         return [url for piece in self.pieces for url in piece.urls]
 
 
-def partition_fragments(stream: str, partition: int, described: Iterable[Mapping[str, Any]]
+def partition_fragments(stream: str, partition: int, described: Iterable[Mapping[str, Any]],
+                        kind: FragmentKind = FragmentKind.PARQUET, store: str = ""
                         ) -> PartitionFragments:
-    """The Parquet fragments of a FRAGMENTS answer's `fragments` (jetstream.client.admin
-    `fragments`); segment fragments are left out."""
+    """The fragments of one `kind` of a FRAGMENTS answer's `fragments`
+    (jetstream.client.admin `fragments`)."""
     urls: dict[FragmentName, str] = {}
     listed: list[StoredFragment] = []
     for entry in described:
-        if entry.get("format") != FragmentKind.PARQUET.value:
+        if entry.get("format", FragmentKind.SEGMENT.value) != kind.value:
             continue
         name = FragmentName(int(entry["begin"]), int(entry["end"]), stream, partition,
                             int(entry["leader_epoch"]), str(entry["sha256"]),
-                            Compression.NONE, FragmentKind.PARQUET)
+                            Compression(entry.get("compression", Compression.NONE.value)),
+                            kind)
         urls[name] = spark_url(str(entry["url"]))
         listed.append(StoredFragment(name, int(entry["size_bytes"]), int(entry["modified_ms"])))
-    return PartitionFragments(Coverage(listed), urls)
+    return PartitionFragments(Coverage(listed), urls, store)
 
 
 def spark_url(url: str) -> str:
@@ -110,7 +132,7 @@ def plan_store_read(ranges: Mapping[tuple[str, int], tuple[int, int]],
         split = min(run[-1].end, end)
         pieces.append(ParquetPiece(key[0], key[1], start, split,
                                    tuple(found.urls[f.name] for f in run), run[0].begin,
-                                   run[-1].end))
+                                   run[-1].end, tuple(f.name for f in run), found.store))
         files += len(run)
         if files > PARQUET_FILES_MAX:
             raise InvalidSparkOption(f"the read would open more than {PARQUET_FILES_MAX} "
@@ -118,3 +140,32 @@ def plan_store_read(ranges: Mapping[tuple[str, int], tuple[int, int]],
                                      field="stream")
         tail[key] = (split, end)
     return StorePlan(tuple(pieces), tail)
+
+
+def fragment_tasks(key: tuple[str, int], start: int, end: int, found: PartitionFragments,
+                   *, split_records: int, fall_back: bool,
+                   timestamp_min_ms: int | None = None, timestamp_max_ms: int | None = None
+                   ) -> tuple[list[ReadTask], int]:
+    """Tasks reading [start, x) of a partition straight from the store's segment fragments
+    (jetstream.spark.fragment_reader), for the largest x up to `end` the fragments reach
+    from `start` without a gap (an overlap is fine: each fragment is read from where the one
+    before it ended), cut where fragments end into at most `split_records` offsets each;
+    and x (`start`: no fragment holds it)."""
+    chain: list[tuple[int, StoredFragment]] = []  # (where its reading starts, fragment)
+    at = start
+    while at < end:
+        fragment = found.coverage.covering(at)
+        if fragment is None:
+            break
+        chain.append((at, fragment))
+        at = fragment.end
+    stop = min(at, end)
+    tasks: list[ReadTask] = []
+    for piece_start, piece_end in split_offsets(start, stop, [f.end for _, f in chain],
+                                                split_records):
+        names = tuple(f.name for begin, f in chain if begin < piece_end and f.end > piece_start)
+        tasks.append(ReadTask(key[0], key[1], piece_start, piece_end, None, timestamp_min_ms,
+                              timestamp_max_ms, fragments=FragmentSplit(
+                                  key[0], key[1], piece_start, piece_end, found.store,
+                                  names, fall_back)))
+    return tasks, stop

@@ -1,37 +1,44 @@
-"""`jetstream.spark.read(spark, ...)`: one DataFrame of streams whose history is in Parquet
-fragments, read by Spark's native Parquet reader, and whose live tail is read through the
-source.
+"""`jetstream.spark.read(spark, ...)`: one DataFrame of streams whose history is in a
+fragment store, read straight from the store, and whose live tail is read through the source.
 
     df = jetstream.spark.read(spark, brokers="127.0.0.1:9292", stream="orders")
 
 Theory of operation: the shell around jetstream.spark.store_planning. At planning, on the
-driver, one client resolves the streams, asks each stream with `fragment_format` parquet or
-both for its partitions' fragments (FRAGMENTS, the leaders' fragment indexes) and plans the
-read as `format("jetstream")` would (jetstream.spark.cluster_view: committed data only, end
-offsets fixed now), its start reaching down into Parquet history that left the brokers'
-disks. Each partition's range is then cut into a Parquet piece and a tail; the DataFrame is
-the union (by column name) of one `spark.read.parquet` of every piece's files, filtered to
-each piece's partition and offsets, and one read of the tails through the source's task
-reader, its tasks planned here too (jetstream.spark.planned_source), so both halves meet at
-the same offsets however often the DataFrame is computed. The rows are the same either way:
-a Parquet fragment holds its segment's records in the source's schema.
+driver, one client resolves the streams, asks each stream with a `fragment_store` for its
+partitions' fragments (FRAGMENTS, the leaders' fragment indexes) and plans the read as
+`format("jetstream")` would (jetstream.spark.cluster_view: committed data only, end offsets
+fixed now), its start reaching down into stored history that left the brokers' disks. Each
+partition's range is then cut in three:
+- a Parquet piece (fragment_format parquet or both): Spark's native Parquet reader reads its
+  files, filtered to the piece's partition and offsets, where Spark reaches the store
+  (`file://`, or a store whose Hadoop file system is on its class path: `s3://` is read as
+  `s3a://` with hadoop-aws); elsewhere source tasks read them with the store library and
+  pyarrow (jetstream.spark.fragment_reader);
+- below the leader's local log start, what Parquet does not cover: source tasks reading the
+  segment fragments straight from the store (readFrom files or auto: the store library,
+  SHA-256 checked, the segment decoder; auto falls back to the leader when the store
+  cannot be reached), or Fetching from the leader (readFrom brokers);
+- the rest, the live tail: the source's planner (the leaders' segment files, or Fetch).
+Every source task is planned here (jetstream.spark.planned_source), so all parts meet at the
+same offsets however often the DataFrame is computed. The rows are the same either way: a
+fragment holds its segment's committed records, a Parquet fragment in the source's schema.
 
 Options are `format("jetstream")`'s (keyword arguments, dicts as JSON). A read with
 `compacted=latest` goes wholly through the source (only a whole partition knows each key's
-latest record). Parquet fragments are read at the URL the store gives them (`s3://` as
-Hadoop's `s3a://`): the Spark session must reach the store (for S3, hadoop-aws and its
-`spark.hadoop.fs.s3a.*` settings); `file://` stores need a file system every executor
-shares.
+latest record). Executors reach the store with the brokers' store library and their own
+environment's credentials and endpoint (`AWS_*`, `GOOGLE_*`, `AZURE_*`); `file://` stores
+need a file system every executor shares.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from jetstream.client.client import Client, connect
+from jetstream.client.types import StreamInfo
 from jetstream.spark.arrow_decode import SPARK_DDL
 from jetstream.spark.cluster_view import Plan, plan_read, resolve_streams, run_sync
 from jetstream.spark.options import ReadOptions, parse_read_options
@@ -42,9 +49,11 @@ from jetstream.spark.store_planning import (
     ParquetPiece,
     PartitionFragments,
     StorePlan,
+    fragment_tasks,
     partition_fragments,
     plan_store_read,
 )
+from jetstream.tiered.names import FragmentKind
 from jetstream.tiered.settings import FragmentFormat
 
 if TYPE_CHECKING:
@@ -85,68 +94,127 @@ def plan(options: ReadOptions, *, parquet: bool = True) -> PlannedRead:
 async def plan_async(client: Client, options: ReadOptions, *, parquet: bool = True
                      ) -> PlannedRead:
     streams = await resolve_streams(client, options)
-    fragments: dict[tuple[str, int], PartitionFragments] = {}
-    stored_starts: dict[tuple[str, int], int] = {}
-    local_starts: dict[tuple[str, int], int] = {}
-    if parquet and not options.compacted_latest:
-        for info in streams:
-            if not _has_parquet(info.config):
-                continue
-            for entry in await client.fragments(info.name):
-                key = (info.name, int(entry["partition"]))
-                found = fragments[key] = partition_fragments(key[0], key[1],
-                                                             entry["fragments"])
-                local_starts[key] = int(entry["local_log_start_offset"])
-                start = found.stored_start(local_starts[key])
-                if start is not None:
-                    stored_starts[key] = start
-    source_plan = await plan_read(client, options, OffsetBounds(), stored_starts,
+    stored = await stored_history(client, streams, options, parquet=parquet)
+    source_plan = await plan_read(client, options, OffsetBounds(), stored.starts,
                                   tasks=False, streams=streams)
-    store = plan_store_read(source_plan.ranges.ranges, fragments)
-    below, tails = tail_ranges(store, local_starts)
+    store = plan_store_read(source_plan.ranges.ranges, stored.parquet)
+    below, tails = tail_ranges(store, stored, options)
     tasks = below + plan_tasks(source_plan.listings, tails, options, OffsetBounds())
     return PlannedRead(source_plan, store, tuple(tasks))
 
 
-def tail_ranges(store: StorePlan, local_starts: Mapping[tuple[str, int], int]
+@dataclass(frozen=True, slots=True)
+class StoredHistory:
+    """What the leaders' fragment indexes say of the streams with a fragment store."""
+
+    #: Parquet fragments, per partition (streams with fragment_format parquet or both).
+    parquet: dict[tuple[str, int], PartitionFragments] = field(default_factory=dict)
+    #: Segment fragments, per partition (streams with fragment_format segment or both).
+    segments: dict[tuple[str, int], PartitionFragments] = field(default_factory=dict)
+    #: Each leader's local log start.
+    local_starts: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: How far below the local log start the stored history reaches without a gap.
+    starts: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+async def stored_history(client: Client, streams: Sequence[StreamInfo], options: ReadOptions,
+                         *, parquet: bool) -> StoredHistory:
+    """FRAGMENTS of every partition of the streams with a store (none for a compacted=latest
+    read: only a whole partition read through the source knows each key's latest)."""
+    out = StoredHistory()
+    if options.compacted_latest:
+        return out
+    for info in streams:
+        store = str(info.config.get("fragment_store") or "")
+        if not store:
+            continue
+        form = FragmentFormat(info.config.get("fragment_format") or FragmentFormat.SEGMENT)
+        for entry in await client.fragments(info.name):
+            key = (info.name, int(entry["partition"]))
+            local = out.local_starts[key] = int(entry["local_log_start_offset"])
+            starts = []
+            if parquet and form.parquet:
+                found = out.parquet[key] = partition_fragments(
+                    key[0], key[1], entry["fragments"], store=store)
+                starts.append(found.stored_start(local))
+            if form.segments:
+                found = out.segments[key] = partition_fragments(
+                    key[0], key[1], entry["fragments"], FragmentKind.SEGMENT, store)
+                starts.append(found.stored_start(local))
+            known = [start for start in starts if start is not None]
+            if known:
+                out.starts[key] = min(known)
+    return out
+
+
+def tail_ranges(store: StorePlan, stored: StoredHistory, options: ReadOptions
                 ) -> tuple[list[ReadTask], Ranges]:
-    """Tasks Fetching the part of each tail below its leader's local log start (where
-    Parquet stopped short of it: the leader serves it from its segment fragments, or it is
-    DATA_LOSS), and the rest of each tail, for the source's planner (the leaders' segment
-    files hold it)."""
+    """Tasks reading the part of each tail below its leader's local log start (where Parquet
+    stopped short of it): straight from the store's segment fragments (readFrom files or
+    auto), else Fetched from the leader (which serves them from its segment fragments, or
+    says DATA_LOSS); and the rest of each tail, for the source's planner (the leaders'
+    segment files hold it)."""
     below: list[ReadTask] = []
     rest: dict[tuple[str, int], tuple[int, int]] = {}
     for key, (start, end) in store.tail.items():
-        local = local_starts.get(key, start)
-        if start < min(local, end):
-            below.append(ReadTask(key[0], key[1], start, min(local, end), None))
-            start = min(local, end)
+        stop = min(stored.local_starts.get(key, start), end)
+        segments = stored.segments.get(key)
+        if start < stop and segments is not None and options.read_from != "brokers":
+            tasks, start = fragment_tasks(key, start, stop, segments,
+                                          split_records=options.split_records,
+                                          fall_back=options.read_from == "auto")
+            below += tasks
+        if start < stop:
+            below.append(ReadTask(key[0], key[1], start, stop, None))
+            start = stop
         if start < end:
             rest[key] = (start, end)
     return below, Ranges(rest)
 
 
-def _has_parquet(config: Mapping[str, Any]) -> bool:
-    form = config.get("fragment_format")
-    return bool(config.get("fragment_store")) and form is not None and \
-        FragmentFormat(form).parquet
-
-
 def dataframe(spark: SparkSession, planned: PlannedRead, options: Mapping[str, str]
               ) -> DataFrame:
-    """The union of the Parquet pieces and the tail read of `planned`."""
+    """The union of the Parquet pieces and the tail read of `planned`. Spark's own Parquet
+    reader reads the pieces where it can reach their store; elsewhere (`s3://` without
+    hadoop-aws, say) tasks of the source read them with the store library and pyarrow."""
     frames: list[DataFrame] = []
     store = planned.store
-    if store.pieces:
+    tasks = list(planned.tail_tasks)
+    schemes = {url.split("://", 1)[0] if "://" in url else "file" for url in store.urls}
+    if store.pieces and not all(native_parquet(spark, scheme) for scheme in schemes):
+        tasks = [task for piece in store.pieces for task in piece.tasks()] + tasks
+    elif store.pieces:
         files = spark.read.schema(SPARK_DDL).parquet(*store.urls)
         cut = [p for p in store.pieces if (p.start, p.end) != (p.files_begin, p.files_end)]
         if cut:  # rows of files reaching past a piece's range are dropped
             files = files.where(reduce(lambda a, b: a & b, (_piece_rows(p) for p in cut)))
         frames.append(files)
-    if planned.tail_tasks or not frames:
+    if tasks or not frames:
         frames.append(spark.read.format(PLANNED).options(**options)
-                      .option(TASKS_OPTION, encode_tasks(planned.tail_tasks)).load())
+                      .option(TASKS_OPTION, encode_tasks(tasks)).load())
     return reduce(lambda a, b: a.unionByName(b), frames)
+
+
+#: The Hadoop file system class Spark needs for each URL scheme it does not read itself.
+_HADOOP_FILE_SYSTEMS = {"s3a": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+                        "gs": "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem",
+                        "abfs": "org.apache.hadoop.fs.azurebfs.AzureBlobFileSystem",
+                        "abfss": "org.apache.hadoop.fs.azurebfs.SecureAzureBlobFileSystem"}
+
+
+def native_parquet(spark: SparkSession, scheme: str) -> bool:
+    """Whether Spark's own reader can open URLs of `scheme`: local files, or a store whose
+    Hadoop file system class is on Spark's class path."""
+    if scheme == "file":
+        return True
+    name = _HADOOP_FILE_SYSTEMS.get(scheme)
+    if name is None:
+        return False
+    try:
+        spark._jvm.java.lang.Class.forName(name)  # type: ignore[union-attr]
+    except Exception:  # py4j: ClassNotFoundException
+        return False
+    return True
 
 
 def _piece_rows(piece: ParquetPiece) -> Column:

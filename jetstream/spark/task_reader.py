@@ -1,9 +1,11 @@
 """One Spark task's read: offsets [start, end) of a partition as Arrow record batches.
 
 Theory of operation: a task reads its segment files when planning gave it some
-(jetstream.spark.segment_reader), and Fetches from the partition's leader otherwise, or from
-the first offset its files no longer hold (the log cleaner or retention replaced or removed a
-segment after planning). Both paths hand the same record batch bytes to the same decoder
+(jetstream.spark.segment_reader), or its fragments straight from the fragment store
+(jetstream.spark.fragment_reader: offsets below the leader's local log start), and Fetches
+from the partition's leader otherwise, or from the first offset its files or fragments no
+longer hold (the log cleaner or retention replaced or removed a segment, or a fragment left
+the store, after planning). Both paths hand the same record batch bytes to the same decoder
 (jetstream.spark.arrow_decode), so a read from files and a read from brokers give identical
 rows. Nothing at or past `end` is decoded: `end` was at or below the high watermark when the
 read was planned. A Fetch that finds its offset below the log start raises DataLoss (retention
@@ -26,6 +28,7 @@ from pyspark.sql.datasource import InputPartition
 import jetstream.spark.arrow_decode as arrow_decode
 from jetstream.client.client import Client, connect
 from jetstream.errors import DataLoss, InvalidSparkOption, OffsetOutOfRange
+from jetstream.spark.fragment_reader import FragmentGone, read_fragments
 from jetstream.spark.options import NO_TLS, ClientTls
 from jetstream.spark.planning import ReadTask
 from jetstream.spark.segment_reader import SegmentGone, read_split
@@ -70,7 +73,15 @@ def read_task(task: ReadTask, columns: Sequence[str], brokers: str, *, verify: b
 def _read_range(task: ReadTask, columns: Sequence[str], brokers: str, *, verify: bool,
                 skip_lost: bool, tls: ClientTls) -> Iterator[pa.RecordBatch]:
     position = task.start
-    if task.files is not None:
+    if task.fragments is not None:
+        try:
+            yield from read_fragments(task.fragments, columns,
+                                      timestamp_min_ms=task.timestamp_min_ms,
+                                      timestamp_max_ms=task.timestamp_max_ms, verify=verify)
+            return
+        except FragmentGone as gone:
+            position = gone.offset
+    elif task.files is not None:
         try:
             yield from read_split(task.files, columns, timestamp_min_ms=task.timestamp_min_ms,
                                   timestamp_max_ms=task.timestamp_max_ms, verify=verify)

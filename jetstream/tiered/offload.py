@@ -75,6 +75,7 @@ class TierMetrics:
     store_fragments_deleted: int = 0
     store_reads: int = 0
     store_read_bytes: int = 0
+    listings: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,10 @@ class PassInput:
     generation: int
     total_retention: TotalRetention
     now_ms: int
+    #: Local segments at or past this offset stay (the least log end offset among the
+    #: partition's other replicas, 0 while one is unknown: a follower copies only from the
+    #: leader's disk); None: no other replica.
+    keep_from: int | None = None
 
 
 @dataclass(slots=True)
@@ -143,7 +148,9 @@ def run_pass(store: FragmentStore, log_: Log, task: PassInput,
     plan = plan_offload(sealed, active_bytes, task.high_watermark, trusted, local, task.now_ms,
                         parquet_too=settings.fragment_format.parquet)
     if plan.delete_below is not None and settings.fragment_format.segments:
-        result.local_deleted = log_.delete_segments_below(plan.delete_below)
+        below = plan.delete_below if task.keep_from is None else min(plan.delete_below,
+                                                                      task.keep_from)
+        result.local_deleted = log_.delete_segments_below(below)
         step("deleted_local")
     if settings.fragment_store_retention is StoreRetention.DELETE:
         _apply_retention(store, log_, index, task, result)

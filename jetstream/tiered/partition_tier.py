@@ -112,9 +112,10 @@ class PartitionTier:
             waiting is not None and high_watermark >= waiting)
 
     def prepare(self, log_: Log, high_watermark: int, total: TotalRetention, now_ms: int,
-                wall_ms: int) -> Callable[[], PassResult]:
+                wall_ms: int, keep_from: int | None = None) -> Callable[[], PassResult]:
         """The blocking part of the next pass (`now_ms`: the scheduler's clock, for the
-        listing interval; `wall_ms`: the wall clock, for retention by age)."""
+        listing interval; `wall_ms`: the wall clock, for retention by age; `keep_from`: see
+        offload.PassInput)."""
         bases = log_.segment_base_offsets
         self._segments_seen = len(bases)
         sealed_end = bases[-1]  # the active segment's base: where the sealed ones end
@@ -132,7 +133,7 @@ class PartitionTier:
                          tuple(self.index.all()), frozenset(self.verified),
                          list_now=not self.listed or now_ms >= self._next_list_ms,
                          generation=self.index.generation, total_retention=total,
-                         now_ms=wall_ms)
+                         now_ms=wall_ms, keep_from=keep_from)
         return partial(self._run, log_, task)
 
     def _run(self, log_: Log, task: PassInput) -> PassResult:
@@ -144,10 +145,7 @@ class PartitionTier:
         if not isinstance(outcome, PassResult):
             self._failed(outcome)
             self.metrics.failed_passes += 1
-            backoff = min(self._config.backoff_ms_max,
-                          self._config.backoff_ms_min << min(self._failures, 16))
-            self._failures += 1
-            return now_ms + backoff, False
+            return self._back_off(now_ms), False
         self._failures = 0
         self.store_error = None
         self.apply(outcome, self._generation, now_ms)
@@ -162,6 +160,7 @@ class PartitionTier:
             self.verified &= {f.name for f in result.listed} | {f.name for f in
                                                                 result.uploaded}
             self.listed = True
+            self.metrics.listings += 1
             self._next_list_ms = now_ms + self._config.list_interval_ms
         for fragment in result.uploaded:
             self.index.add(fragment)
@@ -174,6 +173,13 @@ class PartitionTier:
             self.metrics.store_fragments_deleted += len(result.deleted_fragments)
         self.metrics.local_segments_deleted += len(result.local_deleted)
         self.metrics.backlog_bytes = max(0, result.backlog_bytes)
+
+    def _back_off(self, now_ms: int) -> int:
+        """When to try the store again after one more failure in a row."""
+        backoff = min(self._config.backoff_ms_max,
+                      self._config.backoff_ms_min << min(self._failures, 16))
+        self._failures += 1
+        return now_ms + backoff
 
     def _failed(self, outcome: object) -> None:
         if isinstance(outcome, FragmentStoreUnavailable):
@@ -191,20 +197,12 @@ class PartitionTier:
         loop = asyncio.get_running_loop()
         delay_ms = self._config.backoff_ms_min
         while not stopping():
-            generation = self.index.generation
-            try:
-                listed = await loop.run_in_executor(
-                    self._executor, lambda: self.store().list_partition(self.stream,
-                                                                        self.partition))
-            except FragmentStoreUnavailable as exc:
-                self.store_error = exc
+            if not await self.list_once(monotonic_ms()):
                 log.warning("%s/%d waits for its fragment store to start: %s", self.stream,
-                            self.partition, exc)
+                            self.partition, self.store_error)
                 await asyncio.sleep(delay_ms / 1000)
                 delay_ms = min(self._config.backoff_ms_max, delay_ms * 2)
                 continue
-            self.store_error = None
-            self.apply(PassResult(listed=listed), generation, _monotonic_ms())
             end = self.index.any_end_offset
             if (end is not None and log_.log_start_offset == log_.log_end_offset
                     and end > log_.log_end_offset):
@@ -215,6 +213,30 @@ class PartitionTier:
                 return True
             return False
         return False
+
+    # -- a follower's index --------------------------------------------------------------------
+
+    def listing_due_ms(self) -> int:
+        """When the index should be listed again (0 until the first listing: at once)."""
+        return self._next_list_ms
+
+    async def list_once(self, now_ms: int) -> bool:
+        """List the store into the index (off the loop). False when the store failed: its
+        error is kept, and the next listing is due after a backoff doubling up to
+        `backoff_ms_max`."""
+        generation = self.index.generation
+        try:
+            listed = await asyncio.get_running_loop().run_in_executor(
+                self._executor, partial(self.store().list_partition, self.stream,
+                                        self.partition))
+        except FragmentStoreUnavailable as exc:
+            self.store_error = exc
+            self._next_list_ms = self._back_off(now_ms)
+            return False
+        self._failures = 0
+        self.store_error = None
+        self.apply(PassResult(listed=listed), generation, now_ms)
+        return True
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -230,8 +252,10 @@ class PartitionTier:
         if fragment is None:
             raise OffsetOutOfRange(offset, self.start_offset(log_), upper_bound)
         store = self.store()
+        # The next fragments download while this one does (and while it is read).
+        self._read_ahead(store, fragment, log_.log_start_offset)
         try:
-            segment = await self._cache.segment(store, fragment.name)
+            segment = await self._cache.segment(store, fragment.name, fragment.size_bytes)
         except (NotFoundError, FileNotFoundError):
             # Gone from the store since the last listing (a prune, a lifecycle rule).
             self.index.remove([fragment.name])
@@ -239,7 +263,6 @@ class PartitionTier:
         piece = self._cache.read(segment, offset, max_bytes, min(upper_bound, fragment.end))
         self.metrics.store_reads += 1
         self.metrics.store_read_bytes += piece.length
-        self._read_ahead(store, fragment, log_.log_start_offset)
         return piece
 
     async def offset_for_timestamp(self, timestamp_ms: int, log_: Log) -> int | None:
@@ -282,7 +305,8 @@ class PartitionTier:
         """The fragment as a segment from the cache (downloaded when not there); a fragment
         gone from the store since the last listing leaves the index: OFFSET_OUT_OF_RANGE."""
         try:
-            return await self._cache.segment(self.store(), fragment.name)
+            return await self._cache.segment(self.store(), fragment.name,
+                                             fragment.size_bytes)
         except (NotFoundError, FileNotFoundError):
             self.index.remove([fragment.name])
             raise OffsetOutOfRange(fragment.begin, self.start_offset(log_),
@@ -291,13 +315,13 @@ class PartitionTier:
     def _read_ahead(self, store: FragmentStore, fragment: StoredFragment, local_start: int
                     ) -> None:
         """Fetch the next READ_AHEAD_FRAGMENTS fragments below the local log start."""
-        names: list[FragmentName] = []
+        names: list[tuple[FragmentName, int]] = []
         at = fragment.end
         while len(names) < READ_AHEAD_FRAGMENTS and at < local_start:
             following = self.index.covering(at)
             if following is None:
                 break
-            names.append(following.name)
+            names.append((following.name, following.size_bytes))
             at = following.end
         if names:
             self._cache.prefetch(self.key, partial(self._cache.load_all, store, names))
@@ -323,7 +347,7 @@ class PartitionTier:
         doomed = fragments_below(index, cut)
         await asyncio.get_running_loop().run_in_executor(
             self._executor, offload.delete_through, store, log_, index, doomed, cut, result)
-        self.apply(result, self.index.generation, _monotonic_ms())
+        self.apply(result, self.index.generation, monotonic_ms())
         return result
 
     def describe(self, log_: Log) -> dict[str, Any]:
@@ -352,5 +376,5 @@ def _fragment_dict(store: FragmentStore, fragment: StoredFragment, useful: bool
             "url": store.url_of(name), "redundant": not useful}
 
 
-def _monotonic_ms() -> int:
+def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)

@@ -10,10 +10,11 @@ indexes them, and the read is answered like a local one: whole batches as a slic
 file, sent with sendfile. So one reader serves local and stored data.
 
 The cache holds at most `cache_bytes_max` bytes of fragments and drops the least recently
-used first (a slice already handed out keeps its own descriptor). After a read, the next
-fragment is fetched in the background (read-ahead, one per partition at a time), so a
-reader catching up sequentially rarely waits for the store. Two reads of one fragment share
-one download.
+used first (a slice already handed out keeps its own descriptor). A read starts fetching the
+next fragments in the background as it starts its own (read-ahead, one per partition at a
+time), so a reader catching up sequentially rarely waits for the store. Two reads of one
+fragment share one download, and a fragment larger than GET_PART_BYTES
+(jetstream.tiered.store) is downloaded in parts requested at once.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ class FragmentCache:
         self.downloaded_bytes = 0
         self.hits = 0
 
-    async def segment(self, store: FragmentStore, name: FragmentName) -> Segment:
-        """The fragment `name` as an open, checked segment file (downloaded if need be)."""
+    async def segment(self, store: FragmentStore, name: FragmentName, size_bytes: int = 0
+                      ) -> Segment:
+        """The fragment `name` (of `size_bytes` in the store, 0: unknown) as an open,
+        checked segment file (downloaded if need be)."""
         segment = self._segments.get(name)
         if segment is not None:
             self._segments.move_to_end(name)
@@ -73,7 +76,7 @@ class FragmentCache:
             loading = asyncio.get_running_loop().create_future()
             self._loading[name] = loading
             try:
-                segment = await self._download(store, name)
+                segment = await self._download(store, name, size_bytes)
             except BaseException as exc:
                 loading.set_exception(exc)
                 loading.exception()  # retrieved: a waiter may not exist
@@ -84,13 +87,16 @@ class FragmentCache:
             return segment
         return await asyncio.shield(loading)
 
-    async def load_all(self, store: FragmentStore, names: list[FragmentName]) -> None:
-        """Download `names` into the cache, one after another (read-ahead)."""
-        for name in names:
-            await self.segment(store, name)
+    async def load_all(self, store: FragmentStore, names: list[tuple[FragmentName, int]]
+                       ) -> None:
+        """Download `names` (with their sizes) into the cache, one after another
+        (read-ahead)."""
+        for name, size_bytes in names:
+            await self.segment(store, name, size_bytes)
 
-    async def _download(self, store: FragmentStore, name: FragmentName) -> Segment:
-        payload = await store.get_async(store.key(name))
+    async def _download(self, store: FragmentStore, name: FragmentName, size_bytes: int
+                        ) -> Segment:
+        payload = await store.get_async(store.key(name), size_bytes)
         segment = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._install, store.url_of(name), name, payload)
         self.downloads += 1

@@ -6,10 +6,21 @@ PartitionTier (jetstream.tiered.partition_tier) for each partition leader whose 
 and reports what the broker's health and metrics show: the offload backlog per partition and
 a warning per partition whose store failed its last pass (FRAGMENT_STORE_UNAVAILABLE), or
 whose backlog holds sealed segments the store does not have yet.
+
+Followers keep a fragment index too: a follower of a stream with a `fragment_store` gets a
+PartitionTier whose index a listing task here refreshes (at once, then every listing
+interval, backing off while the store fails). The tier outlives the role: when this broker
+becomes the partition's leader it takes the same tier, index and all, so reads below its
+local log start are served from the store at once, without waiting for a listing. Tiers of
+partitions no longer held here are dropped (`retain`); a change of the tiered settings makes
+a new one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -17,10 +28,14 @@ from typing import Any
 
 from jetstream.stream.handles import HandlePool
 from jetstream.tiered.offload import StepHook, TierMetrics
-from jetstream.tiered.partition_tier import PartitionTier, TierConfig
+from jetstream.tiered.partition_tier import PartitionTier, TierConfig, monotonic_ms
 from jetstream.tiered.reader import CACHE_DIR, FragmentCache
 from jetstream.tiered.settings import settings_of
 from jetstream.tiered.store import StoreRegistry
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
 
 _METRICS = (
     ("fragment_backlog_bytes", "gauge", "backlog_bytes",
@@ -39,6 +54,8 @@ _METRICS = (
      "Reads served from the fragment store."),
     ("fragment_store_read_bytes_total", "counter", "store_read_bytes",
      "Bytes served from the fragment store."),
+    ("fragment_listings_total", "counter", "listings",
+     "Listings of the fragment store into the partition's index (leader or follower)."),
 )
 
 
@@ -51,15 +68,69 @@ class Tiering:
         self._executor = executor
         self._config = config
         self._hook = hook
+        self._tiers: dict[Key, PartitionTier] = {}
+        #: The partitions followed here whose index the lister keeps.
+        self._followed: set[Key] = set()
+        self._wake = asyncio.Event()
+        self._lister: asyncio.Task[None] | None = None
 
     def tier_for(self, stream: Any, partition: int) -> PartitionTier | None:
-        """A new tier for the leader of `stream`/`partition` (a StreamConfig), None when the
-        stream has no fragment store."""
+        """The tier of the leader of `stream`/`partition` (a StreamConfig): the one kept
+        while following it, if any, else a new one; None when the stream has no fragment
+        store."""
+        tier = self._tier(stream, partition)
+        self._followed.discard((stream.name, partition))
+        return tier
+
+    def follow(self, stream: Any, partition: int) -> None:
+        """This broker follows `stream`/`partition`: keep its index listed."""
+        if self._tier(stream, partition) is None:
+            return
+        self._followed.add((stream.name, partition))
+        self._wake.set()
+        if self._lister is None or self._lister.done():
+            self._lister = asyncio.create_task(self._list_followed(), name="fragment lister")
+
+    def retain(self, held: Iterable[Key]) -> None:
+        """Drop the tiers of partitions not in `held` (no role here any more)."""
+        keep = set(held)
+        for key in [k for k in self._tiers if k not in keep]:
+            del self._tiers[key]
+            self._followed.discard(key)
+
+    def held(self) -> list[PartitionTier]:
+        """The tiers of the partitions held here, led or followed."""
+        return list(self._tiers.values())
+
+    def _tier(self, stream: Any, partition: int) -> PartitionTier | None:
+        key = (stream.name, partition)
         settings = settings_of(stream)
         if settings is None:
+            self._tiers.pop(key, None)
             return None
-        return PartitionTier(stream.name, partition, settings, self.stores, self.cache,
-                             self._config, self._executor, self._hook)
+        tier = self._tiers.get(key)
+        if tier is None or tier.settings != settings:
+            tier = self._tiers[key] = PartitionTier(
+                stream.name, partition, settings, self.stores, self.cache, self._config,
+                self._executor, self._hook)
+        return tier
+
+    async def _list_followed(self) -> None:
+        """List each followed partition's store when its listing is due, one at a time."""
+        while True:
+            self._wake.clear()
+            now_ms = monotonic_ms()
+            tiers = [self._tiers[k] for k in list(self._followed) if k in self._tiers]
+            for tier in tiers:
+                due = tier.listing_due_ms() <= now_ms and tier.key in self._followed
+                if due and not await tier.list_once(now_ms):
+                    log.warning("listing the fragment store of follower %s/%d failed "
+                                "(again later): %s", tier.stream, tier.partition,
+                                tier.store_error)
+            tiers = [self._tiers[k] for k in self._followed if k in self._tiers]
+            wait_ms = min((t.listing_due_ms() for t in tiers), default=now_ms + 60_000) - now_ms
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(wait_ms, 50) / 1000)
 
     @staticmethod
     def warnings(tiers: Iterable[PartitionTier]) -> list[dict[str, Any]]:
@@ -82,6 +153,10 @@ class Tiering:
         return lines
 
     async def close(self) -> None:
+        if self._lister is not None:
+            self._lister.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lister
         await self.cache.close()
 
 

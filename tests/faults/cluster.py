@@ -11,6 +11,13 @@ condition polled until a deadline. At the end `finish()` heals the network, wait
 replica holds everything committed, stops every process and reads every replica's log files,
 for the checker (tests/faults/checker.py).
 
+With `store`, the workload's stream offloads to a fragment store (`file://` in the work
+directory) with small segments and a small local retention, so fragments are uploaded and
+local segments deleted during the faults; `finish()` then reads every partition from offset
+0 through the brokers (below a leader's local log start they serve the store) into the
+history as consumer reads, and a replica's records below its local log start are the
+store's (read from the fragments, SHA-256 checked), so the checker covers both.
+
 With `disks`, each broker's data directory is a tmpfs of its own (DISK_SIZE; mounting needs
 root, else TmpfsUnavailable), which a fault can fill past the brokers' disk high watermark
 and free again (`fill_disk`, `free_disk`).
@@ -78,6 +85,9 @@ OFFSETS_PARTITIONS = 3
 DISK_SIZE = "512m"
 DISK_TUNING = ("--disk-check-ms", "200")
 DISK_FILL_PERCENT = 97.0
+#: With `store`: the stream's segments, and what stays on the leader's disk.
+STORE_SEGMENT_BYTES = 16 * 1024
+STORE_LOCAL_BYTES = 2 * STORE_SEGMENT_BYTES
 
 
 class ClusterStuck(AssertionError):
@@ -102,8 +112,14 @@ class FaultCluster:
                  fsync: FsyncPolicy = FsyncPolicy.ALWAYS, rate: int = 400,
                  seed: int = 0, compacted_keys: int = 0, group: str = "",
                  disks: bool = False, idle_streams: int = 0, tls: bool = False,
-                 retry_ids: bool = False) -> None:
+                 retry_ids: bool = False, store: bool = False) -> None:
         self.work_dir = work_dir
+        #: The workload stream's fragment store (None: none).
+        self.store_url = f"file://{work_dir / 'store'}" if store else None
+        #: What finish() read through the brokers from offset 0 (history "r" events), and
+        #: how many reads the brokers served from the store.
+        self.final_reads: list[dict[str, Any]] = []
+        self.store_reads = 0
         #: Every link secured: mutual TLS on the brokers' listeners (replication through the
         #: relays included), NATS over TLS with client certificates, the Raft password.
         self.tls = ensure_leaves(work_dir / "pki", [
@@ -190,6 +206,10 @@ class FaultCluster:
             config = replace(config, cleanup_policy=CleanupPolicy.COMPACT,
                              segment_bytes_max=4096, min_cleanable_dirty_ratio=0.05,
                              delete_retention_ms=1000)
+        if self.store_url is not None:
+            config = replace(config, segment_bytes_max=STORE_SEGMENT_BYTES,
+                             fragment_store=self.store_url,
+                             local_retention_bytes=STORE_LOCAL_BYTES)
         url = self.brokers[0].http_url + "/streams"
         idle = [StreamConfig(name=f"idle-{i}", subject=f"idle.{i}",
                              replication_factor=BROKERS, min_isr=2, fsync=self.fsync)
@@ -518,6 +538,10 @@ class FaultCluster:
             assert final.high_watermark is not None
             hws[p] = final.high_watermark
         self.scrub_everywhere()
+        if self.store_url is not None:
+            self.final_reads = asyncio.run(self._read_everything(hws))
+            self.store_reads = sum(self._metric(b, "fragment_store_reads_total")
+                                   for b in range(BROKERS))
         for broker in self.brokers:
             broker.stop(signal.SIGKILL)  # the files stay in the page cache: nothing is lost
         replicas: dict[int, list[Replica]] = {}
@@ -525,8 +549,41 @@ class FaultCluster:
             replicas[p] = []
             for b, broker in enumerate(self.brokers):
                 directory = broker.data_dir / "logs" / f"{STREAM}-{p}"
-                replicas[p].append(Replica(b, hws[p], read_log(directory)))
+                records = read_log(directory)
+                if self.store_url is not None:
+                    local_start = records[0][0] if records else hws[p]
+                    records = stored_records(self.store_url, p, local_start) + records
+                replicas[p].append(Replica(b, hws[p], records))
         return replicas
+
+    async def _read_everything(self, hws: dict[int, int]) -> list[dict[str, Any]]:
+        """Every partition from offset 0 to its HW, through the brokers, as consumer reads."""
+        from jetstream.client import connect
+
+        reads: list[dict[str, Any]] = []
+        async with connect(",".join(b.address for b in self.brokers),
+                           tls=self._client_tls(), user=HARNESS_USER if self.tls else None,
+                           password=HARNESS_PASSWORD if self.tls else None) as js:
+            for p, hw in hws.items():
+                offset = 0
+                while offset < hw:
+                    result = await js.fetch(STREAM, p, offset, max_bytes=1 << 20)
+                    if not result.messages:
+                        raise ClusterStuck(f"partition {p}: nothing read at {offset} < {hw}")
+                    for m in result.messages:
+                        written = m.headers.get("w", m.value or b"")
+                        reads.append({"e": "r", "v": written.decode(errors="replace"),
+                                      "t": time.time(), "p": p, "o": m.offset})
+                    offset = result.messages[-1].offset + 1
+        return reads
+
+    def _metric(self, b: int, name: str) -> int:
+        """The sum of `jetstream_partition_<name>` over the stream's partitions on broker
+        `b`."""
+        text = self._http.get(self.brokers[b].http_url + "/metrics").text
+        prefix = f'jetstream_partition_{name}{{stream="{STREAM}",'
+        return sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(prefix))
 
     def acks(self) -> int:
         """Acks the workload has recorded so far."""
@@ -548,6 +605,31 @@ class FaultCluster:
     def history(self) -> list[dict[str, Any]]:
         with open(self.history_path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def stored_records(store_url: str, partition: int, below: int) -> list[Record]:
+    """The records below offset `below` from the partition's fragments in the store, from
+    offset 0 through the chain of fragments (each SHA-256 checked); it stops at a gap."""
+    from jetstream.stream.format import decode_batches
+    from jetstream.tiered import codec
+    from jetstream.tiered.index import FragmentIndex
+    from jetstream.tiered.store import FragmentStore
+
+    store = FragmentStore(store_url)
+    index = FragmentIndex(store.list_partition(STREAM, partition))
+    records: list[Record] = []
+    at = 0
+    while at < below:
+        fragment = index.covering(at)
+        if fragment is None:
+            break
+        data = codec.decode(fragment.name, store.get(store.key(fragment.name)),
+                            store.url_of(fragment.name))
+        records.extend((r.offset, r.timestamp_ms, r.leader_epoch, r.key, r.value,
+                        tuple(sorted(r.headers.items())), r.subject)
+                       for r in decode_batches(data, min_offset=at) if r.offset < below)
+        at = fragment.end
+    return records
 
 
 def read_log(directory: Path) -> list[Record]:

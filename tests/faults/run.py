@@ -36,8 +36,8 @@ from tests.faults.groups import check_group
 def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
             partitions: int = 1, faults: list[str] | None = None, cycles: int | None = None,
             log: Any = None, compacted_keys: int = 0, group: str = "",
-            idle_streams: int = 0, tls: bool = False, retry_ids: bool = False
-            ) -> dict[str, Any]:
+            idle_streams: int = 0, tls: bool = False, retry_ids: bool = False,
+            store: bool = False) -> dict[str, Any]:
     """Run the mix for `seconds` of load (or exactly `cycles` faults); the checker's report
     plus the run's figures. With `group`, the stream is read by a consumer group whose
     members run in the workload, and the group's checker (tests/faults/groups.py) adds its
@@ -46,14 +46,16 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
     (as root); named without that, the cluster does not start (TmpfsUnavailable).
     `idle_streams` idle R3 streams are created beside the workload's. `tls` secures every
     link (mutual TLS, NATS over TLS, the Raft password). With `retry_ids` the workload
-    retries every unacked publish with its message id (no duplicates allowed)."""
+    retries every unacked publish with its message id (no duplicates allowed). With `store`
+    the stream offloads to a fragment store during the faults, and the checker reads what
+    the brokers serve from it (tests/faults/cluster.py); `store_reads` counts those reads."""
     names = faults or default_faults()
     every = {**ALL, **GROUP_FAULTS}
     rng = random.Random(seed)
     cluster = FaultCluster(work_dir, partitions=partitions, fsync=fsync, seed=seed,
                            compacted_keys=compacted_keys, group=group,
                            disks=bool(DISK_FAULTS & set(names)), idle_streams=idle_streams,
-                           tls=tls, retry_ids=retry_ids)
+                           tls=tls, retry_ids=retry_ids, store=store)
     kills: list[tuple[str, float]] = []
     done: Counter[str] = Counter()
     stuck = ""
@@ -78,7 +80,7 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
             done[name] += 1
         replicas = cluster.finish()  # ClusterStuck here: nothing can be checked
         load_seconds = time.time() - load_started
-        history = cluster.history()
+        history = cluster.history() + cluster.final_reads
         report: Report | CompactedReport = (
             check_compacted(history, replicas) if compacted_keys
             else check(history, replicas, kills))
@@ -94,7 +96,8 @@ def run_mix(work_dir: Path, *, seconds: float, seed: int, fsync: FsyncPolicy,
         fsync=fsync.value, partitions=partitions, seconds=round(load_seconds, 1),
         acked_per_s=round(report.acked / load_seconds, 1) if load_seconds else 0.0,
         compacted_keys=compacted_keys, bit_flips=len(cluster.flips), idle_streams=idle_streams,
-        stuck=stuck, retry_ids=retry_ids)
+        stuck=stuck, retry_ids=retry_ids, store_reads=cluster.store_reads,
+        final_reads=len(cluster.final_reads))
     return result
 
 
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="idle R3 streams beside the workload's")
     parser.add_argument("--retry-ids", action="store_true",
                         help="the workload retries every unacked publish with its message id")
+    parser.add_argument("--store", action="store_true",
+                        help="the stream offloads to a fragment store during the faults")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     parser.add_argument("--keep", help="work in this directory and keep it (logs, history)")
     args = parser.parse_args(argv)
@@ -127,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_mix(work_dir, seconds=args.minutes * 60, seed=seed,
                          fsync=FsyncPolicy(args.fsync), partitions=args.partitions,
                          faults=faults or None, log=sys.stderr,
-                         idle_streams=args.idle_streams, retry_ids=args.retry_ids)
+                         idle_streams=args.idle_streams, retry_ids=args.retry_ids,
+                         store=args.store)
     finally:
         if not args.keep:
             shutil.rmtree(work_dir, ignore_errors=True)

@@ -199,6 +199,8 @@ async def test_cli_lists_and_prunes_fragments(tiered_broker: BrokerProcess, stor
         await create(js, store_url)
         await publish(js, sent)
         await wait_for("history offloaded", lambda: offloaded(js, 100))
+        # Every sealed segment uploaded: the listing below is all the store will hold.
+        await wait_for("no offload backlog", lambda: _no_backlog(js))
     brokers = ["--brokers", tiered_broker.address, "--json"]
     assert await asyncio.to_thread(cli_main, ["fragments", "list", STREAM, *brokers]) == 0
     listing = json.loads(capsys.readouterr().out)["partitions"][0]
@@ -219,6 +221,10 @@ async def test_cli_lists_and_prunes_fragments(tiered_broker: BrokerProcess, stor
     assert sorted(f.end for f in left) == [e for e in ends if e > cut]
     async with jetstream.connect(tiered_broker.address) as js:
         assert await read_values(js, cut, 300) == sent[cut:]
+
+
+async def _no_backlog(js: Client) -> bool:
+    return bool((await extents(js))["backlog_bytes"] == 0)
 
 
 async def test_settings_are_updated_and_checked(tiered_broker: BrokerProcess,

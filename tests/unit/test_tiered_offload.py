@@ -267,3 +267,13 @@ def test_timestamp_lookups_reach_into_the_store(tmp_path: Path) -> None:
         assert answer == offset, (timestamp, stored, local)
     assert asyncio.run(tier.offset_for_timestamp(1_800_000_000_000, log)) is None
     log.close()
+
+
+def test_a_large_object_is_read_in_parts_byte_for_byte(tmp_path: Path) -> None:
+    from jetstream.tiered.store import GET_PART_BYTES
+
+    store = FragmentStore(store_url(tmp_path))
+    payload = bytes(range(256)) * ((2 * GET_PART_BYTES + 12345) // 256 + 1)
+    store.put("big/object", payload)
+    for size in (len(payload), 0):  # in parts (size known), or whole
+        assert asyncio.run(store.get_async("big/object", size)) == payload

@@ -276,8 +276,9 @@ def test_a_store_read_plan_cuts_ranges_at_the_parquet_run() -> None:
 
 
 def test_overlapping_parquet_fragments_are_never_read_twice() -> None:
+    from jetstream.spark.options import parse_read_options
     from jetstream.spark.store_planning import StorePlan, partition_fragments, plan_store_read
-    from jetstream.spark.store_read import tail_ranges
+    from jetstream.spark.store_read import StoredHistory, tail_ranges
 
     def entry(begin: int, end: int) -> dict[str, object]:
         return {"begin": begin, "end": end, "leader_epoch": 0, "sha256": f"{begin:064x}",
@@ -290,8 +291,11 @@ def test_overlapping_parquet_fragments_are_never_read_twice() -> None:
     [piece] = plan.pieces
     assert (piece.start, piece.end) == (0, 10)  # [5, 25) overlaps it: the run stops there
     assert plan.tail == {(STREAM, 0): (10, 30)}
-    # A tail below the leader's local log start is Fetched (the leader's store serves it).
+    # A tail below the leader's local log start is Fetched (the leader's store serves it)
+    # where no segment fragment is known (or with readFrom=brokers).
+    options = parse_read_options({"brokers": "127.0.0.1:1", "stream": STREAM,
+                                  "readFrom": "brokers"})
     below, rest = tail_ranges(StorePlan((), {(STREAM, 0): (10, 30), (STREAM, 1): (0, 5)}),
-                              {(STREAM, 0): 22})
+                              StoredHistory(local_starts={(STREAM, 0): 22}), options)
     assert [(t.partition, t.start, t.end, t.files) for t in below] == [(0, 10, 22, None)]
     assert rest.ranges == {(STREAM, 0): (22, 30), (STREAM, 1): (0, 5)}
