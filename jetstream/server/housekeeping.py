@@ -222,12 +222,14 @@ class Housekeeping:
 
 
 def replicas_hold(isr: LeaderState | None) -> int | None:
-    """The least log end offset among the other replicas (0 while one has not fetched in
-    this leader epoch); None without replication. Offload keeps local segments from there:
-    a follower copies only from the leader's disk."""
+    """The least log end offset among the other members of the ISR (0 while one has not
+    fetched in this leader epoch); None without replication. Offload keeps local segments
+    from there: a follower copies only from the leader's disk. A replica out of the ISR holds
+    nothing back (a dead one would stop local deletion until it came back): once it finds
+    the leader's log start past its own end, it restarts there."""
     if isr is None:
         return None
-    ends = [isr.follower_state(r).log_end_offset for r in isr.replicas if r != isr.leader_id]
+    ends = [isr.follower_state(r).log_end_offset for r in isr.isr if r != isr.leader_id]
     return min((0 if end is None else end for end in ends), default=None)
 
 

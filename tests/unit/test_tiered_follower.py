@@ -108,7 +108,7 @@ def test_a_failing_store_backs_the_follower_listing_off(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_local_segments_stay_until_every_replica_holds_them(tmp_path: Path) -> None:
+def test_local_segments_stay_until_every_in_sync_replica_holds_them(tmp_path: Path) -> None:
     log = make(tmp_path / "log", Clock(), segment_bytes_max=4096)
     try:
         append_n(log, 100, per_batch=2)
@@ -128,5 +128,9 @@ def test_local_segments_stay_until_every_replica_holds_them(tmp_path: Path) -> N
         tier.finish(tier.prepare(log, hw, NO_RETENTION, 0, 0, replicas_hold(isr))(), 0)
         assert log.log_start_offset > 60 and len(log.segment_base_offsets) == 1
         assert replicas_hold(None) is None
+        # A replica out of the ISR holds nothing back.
+        out = LeaderState(0, 4, (0, 1, 2), (0, 1), hw, hw, 0, 10_000, 1)
+        out.on_follower_fetch(1, hw, 0)
+        assert replicas_hold(out) == hw
     finally:
         log.close()
