@@ -297,7 +297,9 @@ class Log(LogReads):
         self._segments.active.append(data, headers)
         for header in headers:
             if header.leader_epoch > self.epochs.latest_epoch:
-                self.epochs.assign(header.leader_epoch, header.base_offset)
+                # At the log's end: written with the next roll or close, or made again by
+                # recovery from the batches past the recovery point (LeaderEpochCache._flush).
+                self.epochs.assign(header.leader_epoch, header.base_offset, durable=False)
 
     def _roll_locked(self) -> None:
         fsync = self.config.fsync is not FsyncPolicy.NEVER
@@ -307,6 +309,9 @@ class Log(LogReads):
         self._segments.append(segment)
         if fsync:
             checkpoint.fsync_dir(self.directory)
+            # Every epoch a crash could cost the file now starts at or past the recovery
+            # point, where recovery looks for them (jetstream.stream.recovery).
+            self.epochs.write_unwritten(self.log_end_offset)
             raise_recovery_point(self.directory, segment.base_offset)
             with self._sync_cond:
                 self._durable_offset = max(self._durable_offset, segment.base_offset)

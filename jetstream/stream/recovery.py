@@ -110,7 +110,7 @@ class Recovery:
             start = recovery_point or 0
             segments.append(Segment.create(directory, start, self.pool,
                                            self.config.index_interval_bytes))
-        rescanned, cut, gone = self._check_epoch_cache()
+        rescanned, cut, gone = self._check_epoch_cache(rp)
         scanned, truncated, dropped = scanned + rescanned, truncated + cut, dropped + gone
         log_end_offset = segments.active.next_offset
         if scanned or dropped or recovery_point != log_end_offset:
@@ -126,9 +126,10 @@ class Recovery:
             self._segment(base).delete()
         return len(bases)
 
-    def _check_epoch_cache(self) -> tuple[int, int, int]:
-        """Make the epoch cache agree with the batches on disk; rebuild it if it does not.
-        Returns the (scanned, truncated bytes, dropped) segments a damaged batch cost."""
+    def _check_epoch_cache(self, recovery_point: int) -> tuple[int, int, int]:
+        """Make the epoch cache agree with the batches on disk: add the epochs it lacks from
+        the batches past the recovery point when that is enough, else rebuild it. Returns
+        the (scanned, truncated bytes, dropped) segments a damaged batch cost."""
         segments, epochs = self.segments, self.epochs
         log_start, log_end = segments[0].base_offset, segments.active.next_offset
         # Kept in memory: a crash before the file is next written makes recovery do it again.
@@ -142,6 +143,7 @@ class Recovery:
         entries = epochs.entries
         if entries and entries[0].start_offset == log_start and (
             epochs.latest_epoch == location.header.leader_epoch
+            or self._assign_newer_epochs(max(recovery_point, entries[-1].start_offset))
         ):
             return 0, 0, 0
         scanned = truncated = dropped = 0
@@ -163,9 +165,35 @@ class Recovery:
             i += 1
         return scanned, truncated, dropped
 
-    def _assign_epochs_of(self, segment: Segment) -> None:
-        """Assign the epochs of a segment's batches, each checked against its CRC."""
-        offset = segment.base_offset
+    def _assign_newer_epochs(self, offset: int) -> bool:
+        """Add the epochs of the batches from `offset` on that the cache lacks, when the
+        batch at `offset` is of the cache's latest epoch (then no epoch began before it that
+        the cache lacks: only epochs that begin at the log's end go unwritten, and they are
+        written before a roll raises the recovery point). False when it is not so or a
+        batch there is damaged: the caller rebuilds the whole cache."""
+        segments, epochs = self.segments, self.epochs
+        if offset >= segments.active.next_offset:
+            return False
+        index = max(i for i in range(len(segments)) if segments[i].base_offset <= offset)
+        found = segments[index].find(offset)
+        if found is None or found.header.leader_epoch != epochs.latest_epoch:
+            return False
+        try:
+            for i in range(index, len(segments)):
+                self._assign_epochs_of(segments[i], offset if i == index else None)
+        except CorruptRecord:
+            return False
+        return True
+
+    def _assign_epochs_of(self, segment: Segment, offset: int | None = None) -> None:
+        """Assign the epochs of a segment's batches (from the one holding `offset`, when
+        given), each checked against its CRC."""
+        if offset is not None:
+            found = segment.find(offset)
+            assert found is not None
+            offset = found.header.base_offset
+        else:
+            offset = segment.base_offset
         while offset < segment.next_offset:
             found = segment.find(offset)
             assert found is not None
