@@ -94,8 +94,8 @@ class FastNats:
         sub = self._conn.subscribe(subject, queue or None, pending_msgs_max=pending_msgs_max,
                                    pending_bytes_max=pending_bytes_max)
         # A PING answered after the SUB proves the server has the subscription: a message
-        # published after `subscribe` returns is received.
-        await self._conn.flush()
+        # published after `subscribe` returns is received. Leaders starting together share it.
+        await self._conn.confirm()
         return _FastSubscription(sub)
 
     @property

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -76,12 +76,20 @@ STREAM_VERSION_FILE = "stream-version"
 #: appends, retention); the followers' appends of one turn are split into as many jobs.
 IO_THREADS = 4
 #: Leader roles a reconcile starts at once.
-LEADERS_STARTED_TOGETHER = 32
+LEADERS_STARTED_TOGETHER = 256
 
 
 def stream_version_marker(created_version: int) -> bytes:
     """What the STREAM_VERSION_FILE of a log of the stream `created_version` holds."""
     return str(created_version).encode()
+
+
+async def _all_of(steps: list[Awaitable[None]]) -> None:
+    """Run `steps` together (each stop or start of a role waits for a few loop turns: one
+    after the other, thousands of them would add those up); then raise the first failure."""
+    for outcome in await asyncio.gather(*steps, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _no_address(broker_id: int) -> str | None:
@@ -226,17 +234,11 @@ class Roles:
         for key, partition in admitted.items():
             if partition.leader != me:
                 await self._start_follower(state.streams[key[0]], partition)
-        # A few at a time: each waits for the NATS server to confirm its subscription, and
-        # those round trips overlap instead of adding up (a wait's deadline starts before
-        # the others of its group have opened their logs, hence the small groups).
+        # In waves: the leaders of one loop turn share the PING that confirms their NATS
+        # subscriptions (a wave bounds the work between a wait's start and its PONG).
         for start in range(0, len(leading), LEADERS_STARTED_TOGETHER):
-            started = await asyncio.gather(
-                *(self._start_leader(state.streams[p.stream], p)
-                  for p in leading[start:start + LEADERS_STARTED_TOGETHER]),
-                return_exceptions=True)
-            for outcome in started:
-                if isinstance(outcome, BaseException):
-                    raise outcome
+            await _all_of([self._start_leader(state.streams[p.stream], p)
+                           for p in leading[start:start + LEADERS_STARTED_TOGETHER]])
         kept = wanted.keys() if clustered else state.partitions.keys()
         if change.everything:
             self._delete_orphan_logs({f"{name}-{p}" for name, p in kept})
@@ -390,17 +392,20 @@ class Roles:
         """Stop the roles of `keys` the metadata no longer gives this broker as they are;
         pass ISR changes on to the leaders that stay."""
         me = self._config.broker_id
+        stopping: list[Awaitable[None]] = []
         for key in keys:
             leader = self.leaders.get(key)
             if leader is None:
                 continue
             p = wanted.get(key)
             if p is None or p.created_version != leader.state.created_version:
-                await self._stop_leader(key)  # deleted (and maybe created again)
+                stopping.append(self._stop_leader(key))  # deleted (and maybe created again)
             elif p.leader != me or p.leader_epoch != leader.state.leader_epoch:
-                await self._stop_leader(key, abdicate=True)
+                stopping.append(self._stop_leader(key, abdicate=True))
             elif p != leader.state:
                 leader.on_metadata(p)
+        await _all_of(stopping)
+        stopping = []
         for key in keys:
             follower = self.followers.get(key)
             if follower is None:
@@ -409,9 +414,10 @@ class Roles:
             if p is None or (p.leader, p.leader_epoch, p.created_version) != (
                     follower.state.leader, follower.state.leader_epoch,
                     follower.state.created_version):
-                await self.followers.pop(key).stop()
+                stopping.append(self.followers.pop(key).stop())
             else:
                 follower.state = p
+        await _all_of(stopping)
 
     async def _apply_configs(self, keys: list[PartitionKey],
                              streams: Mapping[str, StreamConfig]) -> None:
