@@ -18,13 +18,14 @@ Theory of operation
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from jetstream.errors import CorruptRecord
 from jetstream.stream import checkpoint
 from jetstream.stream import format as fmt
-from jetstream.stream.cleaning import complete_swaps
+from jetstream.stream.cleaning import CLEANED_SUFFIX, SWAP_SUFFIX, complete_swaps
 from jetstream.stream.config import LogConfig
 from jetstream.stream.epoch import LeaderEpochCache
 from jetstream.stream.handles import HandlePool
@@ -56,8 +57,12 @@ def raise_recovery_point(directory: Path, offset: int) -> bool:
 def segment_bases(directory: Path) -> list[int]:
     """Base offsets of the segment files in `directory`, oldest first. Only names the log
     writes (`%020d.log`); anything else is not ours to read."""
-    return sorted(int(p.name[:20]) for p in directory.glob("*.log")
-                  if len(p.name) == 24 and p.name[:20].isdigit())
+    return _bases_of(os.listdir(directory))
+
+
+def _bases_of(names: list[str]) -> list[int]:
+    return sorted(int(name[:20]) for name in names
+                  if len(name) == 24 and name.endswith(".log") and name[:20].isdigit())
 
 
 class Recovery:
@@ -76,15 +81,21 @@ class Recovery:
 
     def run(self) -> RecoveryReport:
         directory = self.directory
-        for tmp in directory.glob("*.tmp"):
-            tmp.unlink()
-        complete_swaps(directory, self.pool)
-        bases = segment_bases(directory)
+        # One listing (a broker opens thousands of logs at start), again only if a swap ran.
+        names = os.listdir(directory)
+        for name in names:
+            if name.endswith(".tmp"):
+                (directory / name).unlink()
+        if any(name.endswith((CLEANED_SUFFIX, SWAP_SUFFIX)) for name in names):
+            complete_swaps(directory, self.pool)
+            names = os.listdir(directory)
+        bases = _bases_of(names)
         for suffix in (".index", ".timeindex"):
-            for stale in directory.glob("*" + suffix):
-                stem = stale.name[:-len(suffix)]
-                if len(stem) == 20 and stem.isdigit() and int(stem) not in bases:
-                    stale.unlink()
+            for name in names:
+                stem = name[:-len(suffix)]
+                if name.endswith(suffix) and len(stem) == 20 and stem.isdigit() and \
+                        int(stem) not in bases:
+                    (directory / name).unlink()
         recovery_point = checkpoint.read_offset(directory / RECOVERY_POINT_FILE,
                                                 "recovery-point")
         rp = recovery_point if recovery_point is not None else 0
