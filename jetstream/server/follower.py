@@ -321,10 +321,11 @@ class PartitionFollower:
             self._disk_standing.after_fetch(full, None)
             return
         if self._appends is not None:
-            self._append_done = self._appends.call(partial(self._append, payload))
+            self._append_done = self._appends.call(partial(self._append, payload),
+                                                   then=self._make_durable)
         else:
             self._append_done = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._append, payload)
+                self._executor, self._append_durably, payload)
         try:
             await asyncio.shield(self._append_done)
         except InvalidBatch:
@@ -374,17 +375,26 @@ class PartitionFollower:
         changed, self._hw_changed = self._hw_changed, asyncio.Event()
         changed.set()
 
+    def _append_durably(self, payload: bytes) -> None:
+        self._append(payload)
+        self._make_durable()
+
     def _append(self, payload: bytes) -> None:
-        """Append and make durable by the stream's policy (in a thread: it may fsync): at once
-        under ALWAYS, when the interval has passed under INTERVAL. A first batch that starts
-        below this log's end (this copy was cut inside one of the leader's batches: truncated
+        """Append (in a thread; `_make_durable` follows). A first batch that starts below
+        this log's end (this copy was cut inside one of the leader's batches: truncated
         there, or cut back after a power loss) is appended from the log end on."""
         data = fmt.skip_held(payload, self.log.log_end_offset)
         if data is not payload:
             log.warning("%s: the leader's batches straddle this log's end %d: appending from "
                         "there", self.name, self.log.log_end_offset)
         if data:
-            self.log.append_batches(data, sync=self.stream.fsync is not FsyncPolicy.NEVER)
+            self.log.append_batches(data, sync=False)
+
+    def _make_durable(self) -> None:
+        """Make what was appended durable by the stream's policy (in a thread: it may fsync):
+        at once under ALWAYS, when the interval has passed under INTERVAL."""
+        if self.stream.fsync is not FsyncPolicy.NEVER:
+            self.log.sync_appended()
 
     def maybe_checkpoint(self) -> bool:
         """Checkpoint the HW once `checkpoint_interval_ms` passed since it moved past the

@@ -134,7 +134,8 @@ class Roles:
         self.fence = fence
         self._executor = executor
         self._stream_sets: dict[Callable[[StreamConfig], bool], tuple[int, frozenset[str]]] = {}
-        #: Followers' appends of one fetch answer go to the executor together.
+        #: Followers' appends of one fetch answer, and the fsyncs leaders start in one
+        #: turn, go to the executor together.
         self._appends = BatchedCalls(executor, jobs_max=IO_THREADS)
         self._pool = pool
         # One lock for every log here, not a descriptor per log (jetstream.stream.dir_lock).
@@ -473,7 +474,8 @@ class Roles:
                                  self._nats, self._config, self._executor, PartitionMetrics(),
                                  self.scheduler, self._replication(partition), self._disk,
                                  self.read_around, self.sessions,
-                                 self.tiering.tier_for(stream, partition.partition))
+                                 self.tiering.tier_for(stream, partition.partition),
+                                 syncs=self._appends)
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
         key = (stream.name, partition.partition)

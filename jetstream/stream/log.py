@@ -324,6 +324,11 @@ class Log(LogReads):
         elif policy is FsyncPolicy.INTERVAL and sync:
             self.maybe_sync()
 
+    def sync_appended(self) -> None:
+        """Make what was appended with `sync=False` durable as an append with `sync=True`
+        would have (a caller that writes many logs first and fsyncs them after)."""
+        self._after_append(self.log_end_offset, True)
+
     def maybe_sync(self) -> None:
         """Fsync if the INTERVAL policy's interval has passed (a shell may call it on a timer)."""
         if self.config.fsync is FsyncPolicy.INTERVAL and (
