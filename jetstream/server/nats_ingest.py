@@ -123,6 +123,8 @@ class IngestConnection(asyncio.Protocol):
         self.reconnects = 0
         #: PINGs of the server answered with a PONG.
         self.pings_answered = 0
+        #: PINGs `confirm` wrote (each confirms every subscription made before it).
+        self.confirm_pings = 0
         self.server_info: dict[str, Any] = {}
         self.last_error: str | None = None
         self._transport: asyncio.Transport | None = None
@@ -250,6 +252,7 @@ class IngestConnection(asyncio.Protocol):
             return
         self._pongs.append(waiter)
         self._write(PING)
+        self.confirm_pings += 1
 
     async def close(self) -> None:
         """Close the socket (after the transport wrote what it buffered) and every

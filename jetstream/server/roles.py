@@ -103,6 +103,7 @@ class ReconcileMetrics:
     full: int = 0
     #: Partitions looked at, all reconciles together.
     partitions_examined: int = 0
+    leaders_started: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,6 +479,7 @@ class Roles:
                                  syncs=self._appends)
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
+        self.metrics.leaders_started += 1
         key = (stream.name, partition.partition)
         self.leaders[key] = leader
         self.sessions.changed(key)
@@ -541,7 +543,10 @@ class Roles:
                 ("reconciles", m.reconciles, "Reconciles of the roles with the metadata."),
                 ("full_reconciles", m.full, "Reconciles that looked at every partition."),
                 ("reconcile_partitions_examined", m.partitions_examined,
-                 "Partitions the reconciles looked at.")):
+                 "Partitions the reconciles looked at."),
+                ("leaders_started", m.leaders_started, "Leader roles started."),
+                ("nats_confirm_pings", self._nats.confirm_pings,
+                 "NATS round trips that confirmed leaders' subscriptions (shared).")):
             lines += [f"# HELP jetstream_roles_{name}_total {text}",
                       f"# TYPE jetstream_roles_{name}_total counter",
                       f"jetstream_roles_{name}_total {value}"]
