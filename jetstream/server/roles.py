@@ -75,8 +75,8 @@ STREAM_VERSION_FILE = "stream-version"
 #: Threads of the broker's executor for blocking work of its logs (fsyncs, followers'
 #: appends, retention); the followers' appends of one turn are split into as many jobs.
 IO_THREADS = 4
-#: Leader roles a reconcile starts at once.
-LEADERS_STARTED_TOGETHER = 256
+#: Roles a reconcile stops, or leader roles it starts, at once.
+ROLES_CHANGED_TOGETHER = 128
 
 
 def stream_version_marker(created_version: int) -> bytes:
@@ -85,11 +85,17 @@ def stream_version_marker(created_version: int) -> bytes:
 
 
 async def _all_of(steps: list[Awaitable[None]]) -> None:
-    """Run `steps` together (each stop or start of a role waits for a few loop turns: one
-    after the other, thousands of them would add those up); then raise the first failure."""
-    for outcome in await asyncio.gather(*steps, return_exceptions=True):
-        if isinstance(outcome, BaseException):
-            raise outcome
+    """Run `steps` ROLES_CHANGED_TOGETHER at a time, then raise the first failure. Each stop
+    or start of a role waits for a few loop turns: one after the other, thousands of them
+    would add those up; all at once, their work between two waits would be one long turn
+    that holds up the fetch sessions' answers (and followers then think leaders failed)."""
+    failures: list[BaseException] = []
+    for start in range(0, len(steps), ROLES_CHANGED_TOGETHER):
+        outcomes = await asyncio.gather(*steps[start:start + ROLES_CHANGED_TOGETHER],
+                                        return_exceptions=True)
+        failures += [o for o in outcomes if isinstance(o, BaseException)]
+    if failures:
+        raise failures[0]
 
 
 def _no_address(broker_id: int) -> str | None:
@@ -238,9 +244,7 @@ class Roles:
                 await self._start_follower(state.streams[key[0]], partition)
         # In waves: the leaders of one loop turn share the PING that confirms their NATS
         # subscriptions (a wave bounds the work between a wait's start and its PONG).
-        for start in range(0, len(leading), LEADERS_STARTED_TOGETHER):
-            await _all_of([self._start_leader(state.streams[p.stream], p)
-                           for p in leading[start:start + LEADERS_STARTED_TOGETHER]])
+        await _all_of([self._start_leader(state.streams[p.stream], p) for p in leading])
         kept = wanted.keys() if clustered else state.partitions.keys()
         if change.everything:
             self._delete_orphan_logs({f"{name}-{p}" for name, p in kept})
