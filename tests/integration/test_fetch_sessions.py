@@ -175,7 +175,8 @@ async def test_every_partition_is_served_when_its_create_returns(
     async with jetstream.connect(",".join(b.address for b in brokers)) as js:
         await js.create_stream("wide", "wide", partitions=200, replication_factor=3)
         assert await total(brokers, "jetstream_roles_leaders_started_total") - started == 200
-        assert await total(brokers, "jetstream_roles_nats_confirm_pings_total") - pings <= 50
+        confirmed = await total(brokers, "jetstream_roles_nats_confirm_pings_total") - pings
+        assert confirmed < 100, f"{confirmed} round trips confirmed 200 subscriptions"
         first = {p.partition: p.leader_epoch for p in (await js.stream_info("wide")).partitions}
         acks = await js.publish_batch([PublishMessage("wide", b"x", partition=p)
                                        for p in range(200)])
