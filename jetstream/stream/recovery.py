@@ -152,13 +152,14 @@ class Recovery:
         location = last.find(last.next_offset - 1)
         assert location is not None
         entries = epochs.entries
-        if entries and entries[0].start_offset == log_start and (
-            epochs.latest_epoch == location.header.leader_epoch
-            or self._assign_newer_epochs(max(recovery_point, entries[-1].start_offset))
-        ):
-            return 0, 0, 0
+        if entries and entries[0].start_offset == log_start:
+            if epochs.latest_epoch == location.header.leader_epoch:
+                return 0, 0, 0
+            if self._assign_newer_epochs(max(recovery_point, entries[-1].start_offset)):
+                epochs.write_unwritten(log_end)
+                return 0, 0, 0
         scanned = truncated = dropped = 0
-        epochs.clear()
+        epochs.clear(durable=False)
         i = 0
         while i < len(segments):
             segment = segments[i]
@@ -170,10 +171,12 @@ class Recovery:
                 # would without a recovery point: the log ends at the damage.
                 scanned, truncated = scanned + 1, truncated + segment.recover()
                 dropped += self._drop_files([s.base_offset for s in segments.drop_after(i)])
-                epochs.clear()
+                epochs.clear(durable=False)
                 i = 0
                 continue
             i += 1
+        # Written once (a full disk keeps them in memory: the next open makes them again).
+        epochs.write_unwritten(segments.active.next_offset)
         return scanned, truncated, dropped
 
     def _assign_newer_epochs(self, offset: int) -> bool:
@@ -213,5 +216,5 @@ class Recovery:
                 raise CorruptRecord(f"CRC mismatch in {segment.log_path} at {found.position}",
                                     path=str(segment.log_path), position=found.position)
             if header.leader_epoch > self.epochs.latest_epoch:
-                self.epochs.assign(header.leader_epoch, header.base_offset)
+                self.epochs.assign(header.leader_epoch, header.base_offset, durable=False)
             offset = header.next_offset

@@ -3,6 +3,7 @@ files, torn tails, index rebuilds, damage in trusted segments."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -431,4 +432,25 @@ def test_an_epoch_missing_before_the_recovery_point_rebuilds_the_whole_cache(
     checkpoint.write_entries(tmp_path / EPOCH_FILE, EPOCH_KIND, [(1, 0)])
     log = make(tmp_path, clock, segment_bytes_max=4096)
     assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(1, 0), (2, 20)]
+    log.close()
+
+
+def test_recovery_on_a_full_disk_keeps_the_epochs_it_found_in_memory(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Epochs recovery learns from the batches are written once at its end; on a full disk
+    they stay in memory (the next open learns them again) and the log still opens."""
+    log = make(tmp_path, clock)
+    append_n(log, 3, epoch=2)
+    crash(log)
+    real = checkpoint.write_atomic
+
+    def full(path: Path, data: bytes, *, durable: bool = True) -> None:
+        if path.name == EPOCH_FILE:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data, durable=durable)
+
+    monkeypatch.setattr(checkpoint, "write_atomic", full)
+    log = make(tmp_path, clock)
+    assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(2, 0)]
+    assert not (tmp_path / EPOCH_FILE).exists()
     log.close()
