@@ -100,9 +100,8 @@ def _rebuild(cls: type[JetstreamError], code: str, message: str,
              data: dict[str, Any]) -> JetstreamError | None:
     kwargs: dict[str, Any] = {}
     takes_any = False
-    try:
-        parameters = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
+    parameters = _parameters(cls)
+    if parameters is None:
         return None
     for name, parameter in parameters.items():
         if parameter.kind is parameter.VAR_KEYWORD:
@@ -123,6 +122,20 @@ def _rebuild(cls: type[JetstreamError], code: str, message: str,
         return cls(**kwargs)
     except Exception:  # the fields have types the constructor cannot use
         return None
+
+
+_signatures: dict[type[JetstreamError], Mapping[str, inspect.Parameter] | None] = {}
+
+
+def _parameters(cls: type[JetstreamError]) -> Mapping[str, inspect.Parameter] | None:
+    """The constructor's parameters (looked up once a class: a fetch session's answer after
+    a restart may carry hundreds of refusals), None when it has no signature."""
+    if cls not in _signatures:
+        try:
+            _signatures[cls] = inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            _signatures[cls] = None
+    return _signatures[cls]
 
 
 def _bare(cls: type[JetstreamError], message: str, data: dict[str, Any]) -> JetstreamError:

@@ -362,7 +362,7 @@ class PartitionFollower:
                 await self._append_and_sync(payload)
             else:
                 # Only a write to the page cache: on the loop, saving a thread hop per answer.
-                self._append(payload, sync=False)
+                self._append(payload)
                 self._sync_when_due()
         except InvalidBatch:
             # Damaged on the way or in the leader's files since it checked them: ask
@@ -412,13 +412,14 @@ class PartitionFollower:
         changed.set()
 
     async def _append_and_sync(self, payload: bytes) -> None:
-        """`_append` with its fsync, in a thread (with other followers' appends of this
-        turn when they are batched)."""
+        """`_append` and its fsync, in a thread (batched with other followers' of this turn:
+        every append of a job lands before its first fsync)."""
         if self._appends is not None:
-            self._append_done = self._appends.call(partial(self._append, payload))
+            self._append_done = self._appends.call(partial(self._append, payload),
+                                                   then=self._make_durable)
         else:
             self._append_done = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._append, payload)
+                self._executor, self._append_durably, payload)
         await asyncio.shield(self._append_done)
 
     def _sync_when_due(self) -> None:
@@ -433,17 +434,27 @@ class PartitionFollower:
             log.warning("%s: fsync failed (again with a later append): %s", self.name,
                         done.exception())
 
-    def _append(self, payload: bytes, sync: bool = True) -> None:
-        """Append, and with `sync` make durable by the stream's policy (it may fsync): at once
-        under ALWAYS, when the interval has passed under INTERVAL. A first batch that starts
-        below this log's end (this copy was cut inside one of the leader's batches: truncated
-        there, or cut back after a power loss) is appended from the log end on."""
+    def _append_durably(self, payload: bytes) -> None:
+        self._append(payload)
+        self._make_durable()
+
+    def _append(self, payload: bytes) -> None:
+        """Append, without an fsync (`_make_durable` or `_sync_when_due` follows). A first
+        batch that starts below this log's end (this copy was cut inside one of the leader's
+        batches: truncated there, or cut back after a power loss) is appended from the log
+        end on."""
         data = fmt.skip_held(payload, self.log.log_end_offset)
         if data is not payload:
             log.warning("%s: the leader's batches straddle this log's end %d: appending from "
                         "there", self.name, self.log.log_end_offset)
         if data:
-            self.log.append_batches(data, sync=sync and self.stream.fsync is not FsyncPolicy.NEVER)
+            self.log.append_batches(data, sync=False)
+
+    def _make_durable(self) -> None:
+        """Make what was appended durable by the stream's policy (in a thread: it may fsync):
+        at once under ALWAYS, when the interval has passed under INTERVAL."""
+        if self.stream.fsync is not FsyncPolicy.NEVER:
+            self.log.sync_appended()
 
     def maybe_checkpoint(self) -> bool:
         """Checkpoint the HW once `checkpoint_interval_ms` passed since it moved past the

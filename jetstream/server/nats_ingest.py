@@ -20,7 +20,8 @@ Theory of operation
   nats-py). Credentials come from the URL, else from `auth`.
 - Liveness: a PING every `ping_interval_s`; more than `pings_outstanding_max` unanswered
   PINGs mean a dead peer and the socket is aborted. `flush()` is a PING whose PONG proves the
-  server processed everything written before it (our writes are never reordered).
+  server processed everything written before it (our writes are never reordered);
+  `confirm()` is one such PING shared by every caller of a loop turn.
 - Reconnect: when the socket is lost (not by `close()`), one task dials again
   (jetstream.server.nats_dial: which server, how long to wait) and, on success, re-sends
   every SUB (same sids) before anything else, then what `publish_many` buffered meanwhile
@@ -122,6 +123,8 @@ class IngestConnection(asyncio.Protocol):
         self.reconnects = 0
         #: PINGs of the server answered with a PONG.
         self.pings_answered = 0
+        #: PINGs `confirm` wrote (each confirms every subscription made before it).
+        self.confirm_pings = 0
         self.server_info: dict[str, Any] = {}
         self.last_error: str | None = None
         self._transport: asyncio.Transport | None = None
@@ -135,6 +138,8 @@ class IngestConnection(asyncio.Protocol):
         self._subs: dict[str, IngestSubscription] = {}
         self._next_sid = 1
         self._pongs: collections.deque[asyncio.Future[None] | None] = collections.deque()
+        #: The PING the `confirm` calls of this loop turn wait for, until it is written.
+        self._confirming: asyncio.Future[None] | None = None
         self._ping_handle: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -220,6 +225,34 @@ class IngestConnection(asyncio.Protocol):
         self._write(PING)
         async with asyncio.timeout(timeout_s):
             await waiter
+
+    async def confirm(self, timeout_s: float = 5.0) -> None:
+        """`flush`, shared by the callers of one loop turn: the first schedules a PING for the
+        end of the turn and each caller until then waits for its PONG, so hundreds of leaders
+        starting together confirm their SUBs with a few round trips rather than one each."""
+        self._check_open()
+        if not self._connected:
+            raise NatsNotConnected("not connected: cannot confirm while reconnecting")
+        waiter = self._confirming
+        if waiter is None:
+            loop = asyncio.get_running_loop()
+            waiter = self._confirming = loop.create_future()
+            waiter.add_done_callback(_consume)
+            loop.call_soon(self._ping_for, waiter)
+        async with asyncio.timeout(timeout_s):
+            await asyncio.shield(waiter)  # one caller's timeout leaves the others waiting
+
+    def _ping_for(self, waiter: asyncio.Future[None]) -> None:
+        self._confirming = None
+        if waiter.done():
+            return
+        if not self._connected:
+            waiter.set_exception(NatsNotConnected("not connected: the subscription waits "
+                                                  "for the reconnect"))
+            return
+        self._pongs.append(waiter)
+        self._write(PING)
+        self.confirm_pings += 1
 
     async def close(self) -> None:
         """Close the socket (after the transport wrote what it buffered) and every
@@ -485,6 +518,12 @@ class IngestConnection(asyncio.Protocol):
             self._drop_logged_at = now
             log.warning("slow consumer: sid %s on %r dropped %d messages (%d in total)",
                         sub.sid, sub.subject, count, sub.dropped)
+
+
+def _consume(waiter: asyncio.Future[None]) -> None:
+    """Retrieve a shared waiter's outcome: its callers may all have timed out."""
+    if not waiter.cancelled():
+        waiter.exception()
 
 
 async def connect(urls: str | Sequence[str], *, name: str | None = None,

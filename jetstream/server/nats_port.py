@@ -61,6 +61,10 @@ class NatsPort(Protocol):
     @property
     def state(self) -> NatsState: ...
 
+    @property
+    def confirm_pings(self) -> int:
+        """Round trips that confirmed subscriptions to the server, since connecting."""
+
     async def close(self) -> None: ...
 
 
@@ -94,9 +98,13 @@ class FastNats:
         sub = self._conn.subscribe(subject, queue or None, pending_msgs_max=pending_msgs_max,
                                    pending_bytes_max=pending_bytes_max)
         # A PING answered after the SUB proves the server has the subscription: a message
-        # published after `subscribe` returns is received.
-        await self._conn.flush()
+        # published after `subscribe` returns is received. Leaders starting together share it.
+        await self._conn.confirm()
         return _FastSubscription(sub)
+
+    @property
+    def confirm_pings(self) -> int:
+        return self._conn.confirm_pings
 
     @property
     def state(self) -> NatsState:
@@ -152,6 +160,7 @@ class _NatsPySubscription:
 class NatsPyNats:
     def __init__(self, nc: NatsPyClient) -> None:
         self._nc = nc
+        self.confirm_pings = 0
 
     @property
     def state(self) -> NatsState:
@@ -168,6 +177,7 @@ class NatsPyNats:
         # second round trip is the one that proves the subscription is registered.
         await self._nc.flush()
         await self._nc.flush()
+        self.confirm_pings += 2
         return _NatsPySubscription(sub)
 
     async def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:

@@ -52,6 +52,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from functools import partial
 
 from jetstream.errors import (
     CorruptRecord,
@@ -73,6 +74,7 @@ from jetstream.protocol import ack as ack_codec
 from jetstream.protocol.envelope import AckPolicy
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server import leader_isr
+from jetstream.server.batched_calls import BatchedCalls
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
 from jetstream.server.guarded import PartitionGuard, judge_direct
@@ -137,8 +139,11 @@ class PartitionLeader:
         read_around: ReadAround | None = None,
         sessions: SessionWatch | None = None,
         tier: PartitionTier | None = None,
+        syncs: BatchedCalls | None = None,
     ) -> None:
         self.stream = stream
+        #: Runs fsyncs off the loop together with other leaders' (else one job each).
+        self._syncs = syncs
         #: Tiered storage (a stream with a `fragment_store`): offload and reads from the store.
         self.tier = tier
         self._tier_ready = asyncio.Event()
@@ -477,7 +482,10 @@ class PartitionLeader:
             await self._sync_wanted.wait()
             self._sync_wanted.clear()
             target = self.log.log_end_offset
-            await loop.run_in_executor(self._executor, self.log.sync_through, target)
+            if self._syncs is not None:
+                await self._syncs.call(partial(self.log.sync_through, target))
+            else:
+                await loop.run_in_executor(self._executor, self.log.sync_through, target)
             await self._on_durable(target)
 
     async def _sync_now(self) -> None:

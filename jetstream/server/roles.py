@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -75,13 +75,27 @@ STREAM_VERSION_FILE = "stream-version"
 #: Threads of the broker's executor for blocking work of its logs (fsyncs, followers'
 #: appends, retention); the followers' appends of one turn are split into as many jobs.
 IO_THREADS = 4
-#: Leader roles a reconcile starts at once.
-LEADERS_STARTED_TOGETHER = 32
+#: Roles a reconcile stops, or leader roles it starts, at once.
+ROLES_CHANGED_TOGETHER = 128
 
 
 def stream_version_marker(created_version: int) -> bytes:
     """What the STREAM_VERSION_FILE of a log of the stream `created_version` holds."""
     return str(created_version).encode()
+
+
+async def _all_of(steps: list[Awaitable[None]]) -> None:
+    """Run `steps` ROLES_CHANGED_TOGETHER at a time, then raise the first failure. Each stop
+    or start of a role waits for a few loop turns: one after the other, thousands of them
+    would add those up; all at once, their work between two waits would be one long turn
+    that holds up the fetch sessions' answers (and followers then think leaders failed)."""
+    failures: list[BaseException] = []
+    for start in range(0, len(steps), ROLES_CHANGED_TOGETHER):
+        outcomes = await asyncio.gather(*steps[start:start + ROLES_CHANGED_TOGETHER],
+                                        return_exceptions=True)
+        failures += [o for o in outcomes if isinstance(o, BaseException)]
+    if failures:
+        raise failures[0]
 
 
 def _no_address(broker_id: int) -> str | None:
@@ -95,6 +109,7 @@ class ReconcileMetrics:
     full: int = 0
     #: Partitions looked at, all reconciles together.
     partitions_examined: int = 0
+    leaders_started: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +141,8 @@ class Roles:
         self.fence = fence
         self._executor = executor
         self._stream_sets: dict[Callable[[StreamConfig], bool], tuple[int, frozenset[str]]] = {}
-        #: Followers' appends of one fetch answer go to the executor together.
+        #: Followers' appends of one fetch answer, and the fsyncs leaders start in one
+        #: turn, go to the executor together.
         self._appends = BatchedCalls(executor, jobs_max=IO_THREADS)
         self._pool = pool
         # One lock for every log here, not a descriptor per log (jetstream.stream.dir_lock).
@@ -227,17 +243,9 @@ class Roles:
         for key, partition in admitted.items():
             if partition.leader != me:
                 await self._start_follower(state.streams[key[0]], partition)
-        # A few at a time: each waits for the NATS server to confirm its subscription, and
-        # those round trips overlap instead of adding up (a wait's deadline starts before
-        # the others of its group have opened their logs, hence the small groups).
-        for start in range(0, len(leading), LEADERS_STARTED_TOGETHER):
-            started = await asyncio.gather(
-                *(self._start_leader(state.streams[p.stream], p)
-                  for p in leading[start:start + LEADERS_STARTED_TOGETHER]),
-                return_exceptions=True)
-            for outcome in started:
-                if isinstance(outcome, BaseException):
-                    raise outcome
+        # In waves: the leaders of one loop turn share the PING that confirms their NATS
+        # subscriptions (a wave bounds the work between a wait's start and its PONG).
+        await _all_of([self._start_leader(state.streams[p.stream], p) for p in leading])
         self.tiering.retain(self.leaders.keys() | self.followers.keys())
         kept = wanted.keys() if clustered else state.partitions.keys()
         if change.everything:
@@ -392,17 +400,20 @@ class Roles:
         """Stop the roles of `keys` the metadata no longer gives this broker as they are;
         pass ISR changes on to the leaders that stay."""
         me = self._config.broker_id
+        stopping: list[Awaitable[None]] = []
         for key in keys:
             leader = self.leaders.get(key)
             if leader is None:
                 continue
             p = wanted.get(key)
             if p is None or p.created_version != leader.state.created_version:
-                await self._stop_leader(key)  # deleted (and maybe created again)
+                stopping.append(self._stop_leader(key))  # deleted (and maybe created again)
             elif p.leader != me or p.leader_epoch != leader.state.leader_epoch:
-                await self._stop_leader(key, abdicate=True)
+                stopping.append(self._stop_leader(key, abdicate=True))
             elif p != leader.state:
                 leader.on_metadata(p)
+        await _all_of(stopping)
+        stopping = []
         for key in keys:
             follower = self.followers.get(key)
             if follower is None:
@@ -411,9 +422,10 @@ class Roles:
             if p is None or (p.leader, p.leader_epoch, p.created_version) != (
                     follower.state.leader, follower.state.leader_epoch,
                     follower.state.created_version):
-                await self.followers.pop(key).stop()
+                stopping.append(self.followers.pop(key).stop())
             else:
                 follower.state = p
+        await _all_of(stopping)
 
     async def _apply_configs(self, keys: list[PartitionKey],
                              streams: Mapping[str, StreamConfig]) -> None:
@@ -470,9 +482,11 @@ class Roles:
                                  self._nats, self._config, self._executor, PartitionMetrics(),
                                  self.scheduler, self._replication(partition), self._disk,
                                  self.read_around, self.sessions,
-                                 self.tiering.tier_for(stream, partition.partition))
+                                 self.tiering.tier_for(stream, partition.partition),
+                                 syncs=self._appends)
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
+        self.metrics.leaders_started += 1
         key = (stream.name, partition.partition)
         self.leaders[key] = leader
         self.sessions.changed(key)
@@ -537,7 +551,10 @@ class Roles:
                 ("reconciles", m.reconciles, "Reconciles of the roles with the metadata."),
                 ("full_reconciles", m.full, "Reconciles that looked at every partition."),
                 ("reconcile_partitions_examined", m.partitions_examined,
-                 "Partitions the reconciles looked at.")):
+                 "Partitions the reconciles looked at."),
+                ("leaders_started", m.leaders_started, "Leader roles started."),
+                ("nats_confirm_pings", self._nats.confirm_pings,
+                 "NATS round trips that confirmed leaders' subscriptions (shared).")):
             lines += [f"# HELP jetstream_roles_{name}_total {text}",
                       f"# TYPE jetstream_roles_{name}_total counter",
                       f"jetstream_roles_{name}_total {value}"]

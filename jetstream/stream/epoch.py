@@ -14,11 +14,14 @@ through jetstream.stream.checkpoint after every change, before the change is act
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
 from jetstream.stream import checkpoint
+
+log = logging.getLogger(__name__)
 
 FILE_NAME = "leader-epoch-checkpoint"
 KIND = "leader-epoch"
@@ -73,7 +76,8 @@ class LeaderEpochCache:
     def assign(self, epoch: int, start_offset: int, *, durable: bool = True) -> None:
         """Record that `epoch` began at `start_offset`. Re-assigning the latest epoch is a
         no-op; an epoch below the latest is refused by the caller before it gets here. Not
-        `durable`: only for an epoch starting at the log's end (see `_flush`)."""
+        `durable`: for an epoch starting at the log's end (see `_flush`), or by recovery,
+        which writes what it learned once at the end (`write_unwritten`)."""
         if self._entries and epoch == self._entries[-1].epoch:
             return
         assert epoch > self.latest_epoch, (epoch, self.latest_epoch)
@@ -120,10 +124,10 @@ class LeaderEpochCache:
             self._entries = kept
             self._flush(durable)
 
-    def clear(self) -> None:
+    def clear(self, *, durable: bool = True) -> None:
         if self._entries:
             self._entries = []
-            self._flush()
+            self._flush(durable)
 
     def _flush(self, durable: bool = True) -> None:
         """Write the entries, fsynced. A change that is not `durable` is only kept in memory
@@ -141,8 +145,15 @@ class LeaderEpochCache:
         self._written = list(entries)
 
     def write_unwritten(self, log_end_offset: int) -> None:
-        """The log closes cleanly at `log_end_offset`: write the changes held only in memory,
-        leaving out epochs that start at the end (recovery would drop them)."""
+        """Write the changes held only in memory (the log closes cleanly, rolls a segment or
+        recovered epochs at `log_end_offset`), leaving out epochs that start at the end
+        (recovery would drop them). On a full disk they stay in memory only."""
         entries = [e for e in self._entries if e.start_offset < log_end_offset]
         if self._persist and entries != self._written:
-            self._write(entries)
+            try:
+                self._write(entries)
+            except OSError as exc:
+                # Kept in memory: recovery makes these entries again from the batches.
+                if exc.errno not in checkpoint.DISK_FULL_ERRNOS:
+                    raise
+                log.warning("%s not updated: %s", self._path, exc.strerror)

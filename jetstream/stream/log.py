@@ -300,7 +300,9 @@ class Log(LogReads):
         self._segments.active.append(data, headers)
         for header in headers:
             if header.leader_epoch > self.epochs.latest_epoch:
-                self.epochs.assign(header.leader_epoch, header.base_offset)
+                # At the log's end: written with the next roll or close, or made again by
+                # recovery from the batches past the recovery point (LeaderEpochCache._flush).
+                self.epochs.assign(header.leader_epoch, header.base_offset, durable=False)
 
     def _roll_locked(self) -> None:
         fsync = self.config.fsync is not FsyncPolicy.NEVER
@@ -310,6 +312,9 @@ class Log(LogReads):
         self._segments.append(segment)
         if fsync:
             checkpoint.fsync_dir(self.directory)
+            # Every epoch a crash could cost the file now starts at or past the recovery
+            # point, where recovery looks for them (jetstream.stream.recovery).
+            self.epochs.write_unwritten(self.log_end_offset)
             raise_recovery_point(self.directory, segment.base_offset)
             with self._sync_cond:
                 self._durable_offset = max(self._durable_offset, segment.base_offset)
@@ -326,6 +331,11 @@ class Log(LogReads):
         """The INTERVAL policy's interval has passed since the last fsync."""
         return self.config.fsync is FsyncPolicy.INTERVAL and (
             self._clock() - self._last_sync_ms >= self.config.fsync_interval_ms)
+
+    def sync_appended(self) -> None:
+        """Make what was appended with `sync=False` durable as an append with `sync=True`
+        would have (a caller that writes many logs first and fsyncs them after)."""
+        self._after_append(self.log_end_offset, True)
 
     def maybe_sync(self) -> None:
         """Fsync if the INTERVAL policy's interval has passed (a shell may call it on a timer)."""

@@ -18,13 +18,14 @@ Theory of operation
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from jetstream.errors import CorruptRecord
 from jetstream.stream import checkpoint
 from jetstream.stream import format as fmt
-from jetstream.stream.cleaning import complete_swaps
+from jetstream.stream.cleaning import CLEANED_SUFFIX, SWAP_SUFFIX, complete_swaps
 from jetstream.stream.config import LogConfig
 from jetstream.stream.epoch import LeaderEpochCache
 from jetstream.stream.handles import HandlePool
@@ -56,8 +57,12 @@ def raise_recovery_point(directory: Path, offset: int) -> bool:
 def segment_bases(directory: Path) -> list[int]:
     """Base offsets of the segment files in `directory`, oldest first. Only names the log
     writes (`%020d.log`); anything else is not ours to read."""
-    return sorted(int(p.name[:20]) for p in directory.glob("*.log")
-                  if len(p.name) == 24 and p.name[:20].isdigit())
+    return _bases_of(os.listdir(directory))
+
+
+def _bases_of(names: list[str]) -> list[int]:
+    return sorted(int(name[:20]) for name in names
+                  if len(name) == 24 and name.endswith(".log") and name[:20].isdigit())
 
 
 class Recovery:
@@ -76,15 +81,21 @@ class Recovery:
 
     def run(self) -> RecoveryReport:
         directory = self.directory
-        for tmp in directory.glob("*.tmp"):
-            tmp.unlink()
-        complete_swaps(directory, self.pool)
-        bases = segment_bases(directory)
+        # One listing (a broker opens thousands of logs at start), again only if a swap ran.
+        names = os.listdir(directory)
+        for name in names:
+            if name.endswith(".tmp"):
+                (directory / name).unlink()
+        if any(name.endswith((CLEANED_SUFFIX, SWAP_SUFFIX)) for name in names):
+            complete_swaps(directory, self.pool)
+            names = os.listdir(directory)
+        bases = _bases_of(names)
         for suffix in (".index", ".timeindex"):
-            for stale in directory.glob("*" + suffix):
-                stem = stale.name[:-len(suffix)]
-                if len(stem) == 20 and stem.isdigit() and int(stem) not in bases:
-                    stale.unlink()
+            for name in names:
+                stem = name[:-len(suffix)]
+                if name.endswith(suffix) and len(stem) == 20 and stem.isdigit() and \
+                        int(stem) not in bases:
+                    (directory / name).unlink()
         recovery_point = checkpoint.read_offset(directory / RECOVERY_POINT_FILE,
                                                 "recovery-point")
         rp = recovery_point if recovery_point is not None else 0
@@ -110,7 +121,7 @@ class Recovery:
             start = recovery_point or 0
             segments.append(Segment.create(directory, start, self.pool,
                                            self.config.index_interval_bytes))
-        rescanned, cut, gone = self._check_epoch_cache()
+        rescanned, cut, gone = self._check_epoch_cache(rp)
         scanned, truncated, dropped = scanned + rescanned, truncated + cut, dropped + gone
         log_end_offset = segments.active.next_offset
         if scanned or dropped or recovery_point != log_end_offset:
@@ -126,9 +137,10 @@ class Recovery:
             self._segment(base).delete()
         return len(bases)
 
-    def _check_epoch_cache(self) -> tuple[int, int, int]:
-        """Make the epoch cache agree with the batches on disk; rebuild it if it does not.
-        Returns the (scanned, truncated bytes, dropped) segments a damaged batch cost."""
+    def _check_epoch_cache(self, recovery_point: int) -> tuple[int, int, int]:
+        """Make the epoch cache agree with the batches on disk: add the epochs it lacks from
+        the batches past the recovery point when that is enough, else rebuild it. Returns
+        the (scanned, truncated bytes, dropped) segments a damaged batch cost."""
         segments, epochs = self.segments, self.epochs
         log_start, log_end = segments[0].base_offset, segments.active.next_offset
         # Kept in memory: a crash before the file is next written makes recovery do it again.
@@ -140,12 +152,14 @@ class Recovery:
         location = last.find(last.next_offset - 1)
         assert location is not None
         entries = epochs.entries
-        if entries and entries[0].start_offset == log_start and (
-            epochs.latest_epoch == location.header.leader_epoch
-        ):
-            return 0, 0, 0
+        if entries and entries[0].start_offset == log_start:
+            if epochs.latest_epoch == location.header.leader_epoch:
+                return 0, 0, 0
+            if self._assign_newer_epochs(max(recovery_point, entries[-1].start_offset)):
+                epochs.write_unwritten(log_end)
+                return 0, 0, 0
         scanned = truncated = dropped = 0
-        epochs.clear()
+        epochs.clear(durable=False)
         i = 0
         while i < len(segments):
             segment = segments[i]
@@ -157,15 +171,43 @@ class Recovery:
                 # would without a recovery point: the log ends at the damage.
                 scanned, truncated = scanned + 1, truncated + segment.recover()
                 dropped += self._drop_files([s.base_offset for s in segments.drop_after(i)])
-                epochs.clear()
+                epochs.clear(durable=False)
                 i = 0
                 continue
             i += 1
+        # Written once (a full disk keeps them in memory: the next open makes them again).
+        epochs.write_unwritten(segments.active.next_offset)
         return scanned, truncated, dropped
 
-    def _assign_epochs_of(self, segment: Segment) -> None:
-        """Assign the epochs of a segment's batches, each checked against its CRC."""
-        offset = segment.base_offset
+    def _assign_newer_epochs(self, offset: int) -> bool:
+        """Add the epochs of the batches from `offset` on that the cache lacks, when the
+        batch at `offset` is of the cache's latest epoch (then no epoch began before it that
+        the cache lacks: only epochs that begin at the log's end go unwritten, and they are
+        written before a roll raises the recovery point). False when it is not so or a
+        batch there is damaged: the caller rebuilds the whole cache."""
+        segments, epochs = self.segments, self.epochs
+        if offset >= segments.active.next_offset:
+            return False
+        index = max(i for i in range(len(segments)) if segments[i].base_offset <= offset)
+        found = segments[index].find(offset)
+        if found is None or found.header.leader_epoch != epochs.latest_epoch:
+            return False
+        try:
+            for i in range(index, len(segments)):
+                self._assign_epochs_of(segments[i], offset if i == index else None)
+        except CorruptRecord:
+            return False
+        return True
+
+    def _assign_epochs_of(self, segment: Segment, offset: int | None = None) -> None:
+        """Assign the epochs of a segment's batches (from the one holding `offset`, when
+        given), each checked against its CRC."""
+        if offset is not None:
+            found = segment.find(offset)
+            assert found is not None
+            offset = found.header.base_offset
+        else:
+            offset = segment.base_offset
         while offset < segment.next_offset:
             found = segment.find(offset)
             assert found is not None
@@ -174,5 +216,5 @@ class Recovery:
                 raise CorruptRecord(f"CRC mismatch in {segment.log_path} at {found.position}",
                                     path=str(segment.log_path), position=found.position)
             if header.leader_epoch > self.epochs.latest_epoch:
-                self.epochs.assign(header.leader_epoch, header.base_offset)
+                self.epochs.assign(header.leader_epoch, header.base_offset, durable=False)
             offset = header.next_offset

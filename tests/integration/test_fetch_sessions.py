@@ -167,10 +167,16 @@ async def test_every_partition_is_served_when_its_create_returns(
     them right after is acked, never NO_STREAM_FOR_SUBJECT (a leader not subscribed yet).
     Followers whose first fetches find their leader's role still starting (its broker names
     itself the leader) wait for it rather than report it failed: every partition keeps its
-    first leader."""
+    first leader. The leaders started together share the round trips that confirm their
+    NATS subscriptions."""
     brokers = cluster
+    pings = await total(brokers, "jetstream_roles_nats_confirm_pings_total")
+    started = await total(brokers, "jetstream_roles_leaders_started_total")
     async with jetstream.connect(",".join(b.address for b in brokers)) as js:
         await js.create_stream("wide", "wide", partitions=200, replication_factor=3)
+        assert await total(brokers, "jetstream_roles_leaders_started_total") - started == 200
+        confirmed = await total(brokers, "jetstream_roles_nats_confirm_pings_total") - pings
+        assert confirmed < 100, f"{confirmed} round trips confirmed 200 subscriptions"
         first = {p.partition: p.leader_epoch for p in (await js.stream_info("wide")).partitions}
         acks = await js.publish_batch([PublishMessage("wide", b"x", partition=p)
                                        for p in range(200)])

@@ -109,6 +109,33 @@ async def test_round_trip_with_replies_and_headers(nats_url: str) -> None:
             ("acks.1", b"ack with reply"), ("acks.2", b"ack "), ("acks.3", b"ack " + big[:10])]
 
 
+async def test_subscriptions_of_one_loop_turn_are_confirmed_by_one_ping(
+        nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with ingest(nats_url) as conn, nats_py(nats_url) as nc:
+        written: list[bytes] = []
+        real = conn._write
+
+        def spy(data: bytes) -> None:
+            written.append(data)
+            real(data)
+
+        monkeypatch.setattr(conn, "_write", spy)
+
+        async def subscribed(i: int) -> IngestSubscription:
+            sub = conn.subscribe(f"many.{i}")
+            await conn.confirm()
+            return sub
+
+        subs = await asyncio.gather(*(subscribed(i) for i in range(200)))
+        assert written.count(b"PING\r\n") == 1
+        assert written.index(b"PING\r\n") == 200  # after every SUB it confirms
+        for i in range(200):  # each subscription was in place when confirm returned
+            await nc.publish(f"many.{i}", str(i).encode())
+        await nc.flush()
+        for i, sub in enumerate(subs):
+            assert [m[3] for m in await receive(sub, 1)] == [str(i).encode()]
+
+
 async def test_queue_group_splits_messages_between_connections(nats_url: str) -> None:
     async with ingest(nats_url) as one, ingest(nats_url) as two, nats_py(nats_url) as nc:
         subs = [one.subscribe("work", queue="workers"), two.subscribe("work", queue="workers")]

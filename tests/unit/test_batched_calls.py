@@ -73,3 +73,29 @@ def test_a_cancelled_caller_does_not_break_the_others() -> None:
             return await other
 
     assert asyncio.run(main()) == 7
+
+
+def test_a_jobs_thens_run_after_all_its_calls_and_only_after_a_success() -> None:
+    """Writes first, fsyncs after: every call of a job runs before the first `then`; a
+    failed call skips its `then`, and a failed `then` fails its call."""
+    steps: list[str] = []
+
+    def step(name: str) -> str:
+        steps.append(name)
+        if name in ("write 2", "sync 3"):
+            raise OSError(name)
+        return name
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as executor:
+            calls = BatchedCalls(executor, jobs_max=1)
+            futures = [calls.call(lambda i=i: step(f"write {i}"),
+                                  then=lambda i=i: step(f"sync {i}"))
+                       for i in (1, 2, 3)]
+            return list(await asyncio.gather(*futures, return_exceptions=True))
+
+    one, two, three = asyncio.run(main())
+    assert steps == ["write 1", "write 2", "write 3", "sync 1", "sync 3"]
+    assert one == "write 1"
+    assert isinstance(two, OSError) and str(two) == "write 2"
+    assert isinstance(three, OSError) and str(three) == "sync 3"

@@ -3,6 +3,7 @@ files, torn tails, index rebuilds, damage in trusted segments."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -15,11 +16,14 @@ from jetstream.errors import (
     LogClosed,
     StorageError,
 )
+from jetstream.stream import checkpoint
 from jetstream.stream import format as fmt
 from jetstream.stream.epoch import FILE_NAME as EPOCH_FILE
+from jetstream.stream.epoch import KIND as EPOCH_KIND
 from jetstream.stream.index import OffsetIndex
 from jetstream.stream.log import Log
-from jetstream.stream.recovery import RECOVERY_POINT_FILE
+from jetstream.stream.recovery import RECOVERY_POINT_FILE, Recovery
+from jetstream.stream.segment import Segment
 from tests.unit.log_helpers import (
     REPO,
     T0,
@@ -371,4 +375,82 @@ def test_epoch_changes_lost_in_a_crash_are_made_again(tmp_path: Path, clock: Clo
     log = make(tmp_path, clock)
     assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(1, 0), (4, 3)]
     assert log.end_offset_for_epoch(1).end_offset == 3
+    log.close()
+
+
+def test_a_follower_append_of_a_new_epoch_writes_no_epoch_file_until_a_roll(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica's first records of an epoch start at its log end: the entry waits for the
+    next roll (before it raises the recovery point) or a clean close."""
+    with make(tmp_path / "leader", clock) as leader:
+        for epoch in (1, 2):
+            append_n(leader, 3, epoch=epoch)
+        data, _ = leader.read_bytes(0, 1 << 20)
+    spy = FsyncSpy(monkeypatch)
+    log = make(tmp_path / "p", clock, segment_bytes_max=4096)
+    log.append_batches(data)
+    assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(1, 0), (2, 3)]
+    assert not [p for p in spy.paths if p.startswith(EPOCH_FILE)]
+    append_n(log, 40, epoch=2)  # rolls
+    assert len(log.segment_base_offsets) > 1
+    assert (tmp_path / "p" / EPOCH_FILE).read_text().splitlines()[1:3] == ["1 0", "2 3"]
+    log.close()
+
+
+def test_epochs_a_crash_cost_the_file_are_found_past_the_recovery_point(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = make(tmp_path, clock, segment_bytes_max=4096)
+    append_n(log, 60, epoch=1)  # several segments; the roll wrote epoch 1
+    log.start_leader_epoch(3)
+    append_n(log, 2, epoch=3)
+    log.append_batches(fmt.encode_batch(log.log_end_offset, 5, [fmt.Record(b"x")], T0))
+    bases = log.segment_base_offsets
+    crash(log)
+    looked_at: list[int] = []
+    real = Recovery._assign_epochs_of
+
+    def spy(self: Recovery, segment: Segment, offset: int | None = None) -> None:
+        looked_at.append(segment.base_offset)
+        real(self, segment, offset)
+
+    monkeypatch.setattr(Recovery, "_assign_epochs_of", spy)
+    log = make(tmp_path, clock, segment_bytes_max=4096)
+    assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(1, 0), (3, 60),
+                                                                     (5, 62)]
+    assert looked_at == [bases[-1]]  # not every segment: the active one only
+    log.close()
+
+
+def test_an_epoch_missing_before_the_recovery_point_rebuilds_the_whole_cache(
+        tmp_path: Path, clock: Clock) -> None:
+    """A file that lacks an epoch beginning below the recovery point (written by a broker
+    that did not write epochs at each roll) is rebuilt from every batch."""
+    log = make(tmp_path, clock, segment_bytes_max=4096)
+    append_n(log, 20, epoch=1)
+    append_n(log, 40, epoch=2)
+    crash(log)
+    checkpoint.write_entries(tmp_path / EPOCH_FILE, EPOCH_KIND, [(1, 0)])
+    log = make(tmp_path, clock, segment_bytes_max=4096)
+    assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(1, 0), (2, 20)]
+    log.close()
+
+
+def test_recovery_on_a_full_disk_keeps_the_epochs_it_found_in_memory(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Epochs recovery learns from the batches are written once at its end; on a full disk
+    they stay in memory (the next open learns them again) and the log still opens."""
+    log = make(tmp_path, clock)
+    append_n(log, 3, epoch=2)
+    crash(log)
+    real = checkpoint.write_atomic
+
+    def full(path: Path, data: bytes, *, durable: bool = True) -> None:
+        if path.name == EPOCH_FILE:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data, durable=durable)
+
+    monkeypatch.setattr(checkpoint, "write_atomic", full)
+    log = make(tmp_path, clock)
+    assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(2, 0)]
+    assert not (tmp_path / EPOCH_FILE).exists()
     log.close()
