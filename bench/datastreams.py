@@ -203,16 +203,17 @@ async def source_rate(a: BrokerProcess, nats_a: str, half: int, probe_s: float) 
             "source_max_is_a_floor": rate == half, "probes": probes}
 
 
-async def poll_arrivals(high: Callable[[int], Awaitable[int]], count: int,
+async def poll_arrivals(high: Callable[[int], Awaitable[int]], wanted: Callable[[], int],
                         deadline_s: float) -> list[tuple[int, int]]:
-    """Every ARRIVAL_POLL_S until it reaches `count`: (CLOCK_MONOTONIC ns when the answer
-    came, high watermark) whenever the watermark `high(last)` reports moved on."""
+    """Every ARRIVAL_POLL_S until it reaches `wanted()` (read anew each time: the publish's
+    count, then what the source holds once it is over): (CLOCK_MONOTONIC ns when the
+    answer came, high watermark) whenever the watermark `high(last)` reports moved on."""
     polls: list[tuple[int, int]] = []
     last, deadline = 0, time.monotonic() + deadline_s
-    while last < count:
+    while last < wanted():
         tick = time.monotonic()
         if tick > deadline:
-            raise AssertionError(f"the copy holds {last} of {count} in {deadline_s} s")
+            raise AssertionError(f"the copy holds {last} of {wanted()} in {deadline_s} s")
         now = await high(last)
         if now > last:
             polls.append((time.monotonic_ns(), now))
@@ -244,20 +245,27 @@ def _samples(first: int, count: int) -> range:
 
 
 async def _lag_run(nats_url: str, subject: str, rate: int, warmup_s: float, measure_s: float,
-                   high: Callable[[int], Awaitable[int]]) -> tuple[JsonObject, LoadResult]:
+                   high: Callable[[int], Awaitable[int]], held: Callable[[], Awaitable[int]]
+                   ) -> tuple[JsonObject, LoadResult, int]:
     """The paced publish of `subject` with the poller of its copy beside it: the lag
-    figures over the records due after the warm-up."""
+    figures over the records due after the warm-up, the publish's result and how many
+    records the source holds (`held()` once the publish is over: fewer than were sent if
+    some were lost, and then the offsets after a lost one were due up to that many
+    intervals later than counted)."""
     load = _paced(subject, rate, warmup_s + measure_s)
-    count, first = load.count or 0, round(rate * warmup_s)
-    poller = asyncio.create_task(poll_arrivals(high, count, warmup_s + measure_s + DEADLINE_S))
+    wanted, first = [load.count or 0], round(rate * warmup_s)
+    poller = asyncio.create_task(poll_arrivals(high, lambda: wanted[0],
+                                               warmup_s + measure_s + DEADLINE_S))
     try:
         result = await run_load(nats_url, load)
+        wanted[0] = await held()
         polls = await poller
     finally:
         poller.cancel()
-    lags = arrival_lags_s(polls, result.start_ns, rate, first, count)
+    lags = arrival_lags_s(polls, result.start_ns, rate, first, wanted[0])
     return {**_publish_figures(result, rate), "records": len(lags), "polls": len(polls),
-            "poll_interval_s": ARRIVAL_POLL_S, **_spread(lags, "lag_s")}, result
+            "source_records": wanted[0], "lost": (load.count or 0) - wanted[0],
+            "poll_interval_s": ARRIVAL_POLL_S, **_spread(lags, "lag_s")}, result, wanted[0]
 
 
 async def lag(a: BrokerProcess, b: BrokerProcess, nats_a: str, rate: int, warmup_s: float,
@@ -275,10 +283,14 @@ async def lag(a: BrokerProcess, b: BrokerProcess, nats_a: str, rate: int, warmup
                                                  max_wait_ms=round(ARRIVAL_POLL_S * 1000))
             return response.high_watermark
 
-        figures, result = await _lag_run(nats_a, "lagsrc", rate, warmup_s, measure_s, high)
+        async def held() -> int:
+            return await _hw(ja, "lagsrc")
+
+        figures, result, count = await _lag_run(nats_a, "lagsrc", rate, warmup_s, measure_s,
+                                                high, held)
         await jb.delete_datastream("lag")
         sent = []
-        for offset in _samples(round(rate * warmup_s), result.acked):
+        for offset in _samples(round(rate * warmup_s), count):
             found = (await ja.fetch("lagsrc", 0, offset, max_bytes=1)).messages
             stamp = next(int(m.value[:STAMP_DIGITS]) for m in found if m.offset == offset)
             sent.append((stamp - result.start_ns) / 1e9 - offset / rate)
@@ -297,10 +309,13 @@ async def js_lag(server: NatsServer, rate: int, warmup_s: float, measure_s: floa
         async def high(_: int) -> int:
             return int((await js.stream_info("MIRRORLAG")).state.last_seq)
 
-        figures, result = await _lag_run(server.url, "originlag", rate, warmup_s, measure_s,
-                                         high)
+        async def held() -> int:
+            return int((await js.stream_info("ORIGINLAG")).state.last_seq)
+
+        figures, result, count = await _lag_run(server.url, "originlag", rate, warmup_s,
+                                                measure_s, high, held)
         sent = []
-        for offset in _samples(round(rate * warmup_s), result.acked):
+        for offset in _samples(round(rate * warmup_s), count):
             found = await js.get_msg("ORIGINLAG", seq=offset + 1)
             stamp = int((found.data or b"")[:STAMP_DIGITS])
             sent.append((stamp - result.start_ns) / 1e9 - offset / rate)
