@@ -30,12 +30,17 @@ Theory of operation
   asks B for the copy's high watermark (a Fetch of one byte at the last one seen, which
   waits up to the poll interval for more); every offset the watermark passed since the
   previous answer counts as arrived when this answer came. A record's lag is that time
-  less its due time: an upper bound, by up to one poll interval and a round trip.
-  p50/p99/max over the records due after the warm-up, with the publish's offered and
-  achieved rate and ack latency. The generator's send lag (`send_lag_s_*`, its stamp less
-  the due time, read back from SEND_LAG_SAMPLES records of the source) shows whether it
-  kept its schedule. The NATS JetStream mirror gets the same run at the same rate: a
-  stream and its `mirror` stream, the mirror's `state.last_seq` polled through nats-py.
+  less its due time: an upper bound, by at most the gap between two answers (one poll
+  interval and a round trip on an idle machine). p50/p99/max over the records due after
+  the warm-up (and the first and last of them: a lag that keeps growing shows there), with
+  the publish's offered and achieved rate and ack latency, the copy's own rate over the
+  measured window (`copy_msgs_per_s`) and the mean gap between answers that moved the
+  watermark (`poll_gap_s_mean`: the resolution the machine's load allowed). Records the
+  source refused or lost are counted (`lost`). The generator's send lag (`send_lag_s_*`,
+  its stamp less the due time, read back from SEND_LAG_SAMPLES records of the source)
+  shows whether it kept its schedule. The NATS JetStream mirror gets the same run at the
+  same rate: a stream and its `mirror` stream, the mirror's `state.last_seq` polled
+  through nats-py.
 - Parquet: the first filled stream is landed by a `parquet` datastream on A (files of at
   most 100,000 rows, rolled after 1 s), timed until the manifest holds every record.
 
@@ -233,6 +238,14 @@ def arrival_lags_s(polls: Sequence[tuple[int, int]], start_ns: int, rate: int, f
     return (arrived[first:count] - due[first:]) / 1e9
 
 
+def copy_figures(polls: Sequence[tuple[int, int]], from_ns: int) -> JsonObject:
+    """The copy's rate from the first answer at or after `from_ns` to the last, and the mean
+    gap between answers that moved the watermark (the lag's real resolution)."""
+    (t0, h0), (t1, h1) = next(p for p in polls if p[0] >= from_ns), polls[-1]
+    gap = (polls[-1][0] - polls[0][0]) / max(1, len(polls) - 1) / 1e9
+    return {"copy_msgs_per_s": (h1 - h0) / max(t1 - t0, 1) * 1e9, "poll_gap_s_mean": gap}
+
+
 def _spread(values: Any, name: str) -> JsonObject:
     ordered = np.sort(np.asarray(values, dtype=np.float64))
     at = {p: float(ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))])
@@ -264,6 +277,8 @@ async def _lag_run(nats_url: str, subject: str, rate: int, warmup_s: float, meas
         poller.cancel()
     lags = arrival_lags_s(polls, result.start_ns, rate, first, wanted[0])
     return {**_publish_figures(result, rate), "records": len(lags), "polls": len(polls),
+            **copy_figures(polls, result.start_ns + round(warmup_s * 1e9)),
+            "lag_s_first": float(lags[0]), "lag_s_last": float(lags[-1]),
             "source_records": wanted[0], "lost": (load.count or 0) - wanted[0],
             "poll_interval_s": ARRIVAL_POLL_S, **_spread(lags, "lag_s")}, result, wanted[0]
 
