@@ -16,14 +16,31 @@ Theory of operation
 - The peer: one nats-server with JetStream (file storage); a stream filled the same way,
   then a `mirror` stream of it created and timed until it holds every message; the
   server's CPU per message. `mirror_vs_js_mirror` is the ratio of medians over `repeats`.
-- Lag: with a `mirror` mode datastream running, 128 B records are published to A at half
-  of the measured mirror rate (bench.common.publish_paced) for `warmup_s + measure_s` — or,
-  when the source took in less than twice that while it was filled, at LAG_FILL_SHARE of
-  the fill rate (`lag_rate_is_half_the_mirror_rate` says which) — and a subscriber of
-  B's copy (in this process: one clock) notes when each record arrives; a record's lag runs
-  from the time it was due to be published. p50/p99 over the records due after the warm-up.
-  The publisher's own lag behind its schedule is reported (`send_lag_p99_ms`) so a
-  generator that falls behind shows.
+- The source's intake: the compiled load generator (bench/loadgen, one connection, stamped
+  128 B requests) sends to fresh streams of A, first unpaced (`source_unpaced_msgs_per_s`),
+  then paced at half the measured mirror rate, or at the unpaced rate when that is lower,
+  and down by PROBE_STEP until a probe is sustained (every request acked, the achieved
+  rate at least SUSTAINED_SHARE of the offered one, ack p99 at most SUSTAINED_ACK_P99_S):
+  `source_max_msgs_per_s`. The lag runs offer min(half the mirror rate, that)
+  (`lag_offered_msgs_per_s`; `lag_rate_is_half_the_mirror_rate` says which it was).
+- Lag: with a `mirror` mode datastream running from a fresh stream of A into one of B, the
+  generator publishes to A at the offered rate for `warmup_s + measure_s` on one
+  connection, so record i is offset i and was due at the run's start + i / rate (the
+  generator's own schedule). The bench process decodes no record: every ARRIVAL_POLL_S it
+  asks B for the copy's high watermark (a Fetch of one byte at the last one seen, which
+  waits up to the poll interval for more); every offset the watermark passed since the
+  previous answer counts as arrived when this answer came. A record's lag is that time
+  less its due time: an upper bound, by at most the gap between two answers (one poll
+  interval and a round trip on an idle machine). p50/p99/max over the records due after
+  the warm-up (and the first and last of them: a lag that keeps growing shows there), with
+  the publish's offered and achieved rate and ack latency, the copy's own rate over the
+  measured window (`copy_msgs_per_s`) and the mean gap between answers that moved the
+  watermark (`poll_gap_s_mean`: the resolution the machine's load allowed). Records the
+  source refused or lost are counted (`lost`). The generator's send lag (`send_lag_s_*`,
+  its stamp less the due time, read back from SEND_LAG_SAMPLES records of the source)
+  shows whether it kept its schedule. The NATS JetStream mirror gets the same run at the
+  same rate: a stream and its `mirror` stream, the mirror's `state.last_seq` polled
+  through nats-py.
 - Parquet: the first filled stream is landed by a `parquet` datastream on A (files of at
   most 100,000 rows, rolled after 1 s), timed until the manifest holds every record.
 
@@ -39,21 +56,17 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import nats
+import numpy as np
 from nats.js.api import StreamConfig, StreamSource
 
 import jetstream
-from bench.common import (
-    JsonObject,
-    bench_main,
-    cpu_seconds,
-    percentile,
-    publish_paced,
-    publish_pipelined,
-)
+from bench.common import JsonObject, bench_main, cpu_seconds, publish_pipelined
+from bench.loadgen import Load, LoadResult, run_load
 from jetstream.client import Client
 from jetstream.datastreams.parquet_sink import read_manifest
 from jetstream.natsd import NatsServer
@@ -62,9 +75,20 @@ from jetstream.server.process import BrokerProcess
 PAYLOAD = b"x" * 128
 WINDOW = 1000
 DEADLINE_S = 300.0
-#: The lag run offers at most this share of the rate the source took in when filled.
-LAG_FILL_SHARE = 0.2
 POLL_S = 0.01
+#: The lag runs poll the copy's high watermark this often (the lag's resolution).
+ARRIVAL_POLL_S = 0.005
+#: A paced probe is sustained when it achieved this share of its offered rate ...
+SUSTAINED_SHARE = 0.85
+#: ... and its acks' p99 (from the send) stayed below this.
+SUSTAINED_ACK_P99_S = 0.5
+PROBE_STEP = 0.8
+PROBES_MAX = 6
+PROBE_RATE_MIN = 1000
+#: Records read back to time the generator's sends against their schedule.
+SEND_LAG_SAMPLES = 1000
+#: The generator's --stamp: its send time (CLOCK_MONOTONIC ns) in the payload's first digits.
+STAMP_DIGITS = 20
 
 
 async def _until(probe: Any, what: str) -> None:
@@ -135,38 +159,184 @@ async def js_mirror_once(server: NatsServer, messages: int, run: int) -> JsonObj
             "cpu_us_per_msg": cpu / messages * 1e6}
 
 
+def _paced(subject: str, rate: int, seconds: float) -> Load:
+    """`rate` 128 B stamped requests a second for `seconds` on one connection (so a fresh
+    stream's offset i is request i, due at the run's start + i / rate), at most one
+    second's worth un-acked."""
+    return Load(subject, size=len(PAYLOAD), inflight=max(WINDOW, rate), conns=1,
+                count=max(1, round(rate * seconds)), rate=float(rate), stamp=True)
+
+
+def _publish_figures(result: LoadResult, rate: int) -> JsonObject:
+    return {"offered_msgs_per_s": rate, "publish_msgs_per_s": result.msgs_per_s,
+            "ack_p50_ms": result.histogram.value_at(50) / 1e6,
+            "ack_p99_ms": result.histogram.value_at(99) / 1e6,
+            "acked": result.acked, "errors": result.errors, "timed_out": result.timed_out,
+            "generator_cpu_us_per_msg": result.generator_cpu_s / max(result.sent, 1) * 1e6}
+
+
+async def _probe(a: BrokerProcess, nats_a: str, load: Load) -> LoadResult:
+    async with jetstream.connect(a.address) as ja:
+        await ja.create_stream(load.subject, load.subject, fsync="interval")
+    return await run_load(nats_a, load)
+
+
+def sustained(result: LoadResult, rate: int, count: int) -> bool:
+    """A paced run the source kept up with: every request acked without error, its
+    achieved rate near the offered one and its ack latency bounded."""
+    return (not result.timed_out and result.acked == count and result.errors == 0
+            and result.msgs_per_s >= SUSTAINED_SHARE * rate
+            and result.histogram.value_at(99) / 1e9 <= SUSTAINED_ACK_P99_S)
+
+
+async def source_rate(a: BrokerProcess, nats_a: str, half: int, probe_s: float) -> JsonObject:
+    """What the source ingests from the compiled generator: its unpaced rate on one
+    connection, then paced probes from min(half, that) down by PROBE_STEP until one is
+    sustained; the highest sustained rate is the cap of the lag run's offered rate."""
+    unpaced = await _probe(a, nats_a, Load("probeu", size=len(PAYLOAD), inflight=WINDOW,
+                                           count=max(WINDOW, round(half * probe_s))))
+    rate, probes = min(half, int(unpaced.msgs_per_s)), []
+    for k in range(PROBES_MAX):
+        load = _paced(f"probe{k}", rate, probe_s)
+        result = await _probe(a, nats_a, load)
+        ok = sustained(result, rate, load.count or 0)
+        probes.append({**_publish_figures(result, rate), "sustained": ok})
+        if ok or rate <= PROBE_RATE_MIN:
+            break
+        rate = max(PROBE_RATE_MIN, int(rate * PROBE_STEP))
+    return {"source_unpaced_msgs_per_s": unpaced.msgs_per_s, "source_max_msgs_per_s": rate,
+            "source_max_is_a_floor": rate == half, "probes": probes}
+
+
+async def poll_arrivals(high: Callable[[int], Awaitable[int]], wanted: Callable[[], int],
+                        deadline_s: float) -> list[tuple[int, int]]:
+    """Every ARRIVAL_POLL_S until it reaches `wanted()` (read anew each time: the publish's
+    count, then what the source holds once it is over): (CLOCK_MONOTONIC ns when the
+    answer came, high watermark) whenever the watermark `high(last)` reports moved on."""
+    polls: list[tuple[int, int]] = []
+    last, deadline = 0, time.monotonic() + deadline_s
+    while last < wanted():
+        tick = time.monotonic()
+        if tick > deadline:
+            raise AssertionError(f"the copy holds {last} of {wanted()} in {deadline_s} s")
+        now = await high(last)
+        if now > last:
+            polls.append((time.monotonic_ns(), now))
+            last = now
+        await asyncio.sleep(max(0.0, tick + ARRIVAL_POLL_S - time.monotonic()))
+    return polls
+
+
+def arrival_lags_s(polls: Sequence[tuple[int, int]], start_ns: int, rate: int, first: int,
+                   count: int) -> Any:
+    """Each record's lag from [first, count): the first poll whose high watermark passed
+    its offset, less the time it was due (`start_ns + offset / rate`)."""
+    times = np.array([t for t, _ in polls], dtype=np.int64)
+    highs = np.minimum(np.array([h for _, h in polls], dtype=np.int64), count)
+    arrived = np.repeat(times, np.diff(highs, prepend=0))
+    due = start_ns + np.arange(count, dtype=np.float64) * (1e9 / rate)
+    return (arrived[first:count] - due[first:]) / 1e9
+
+
+def copy_figures(polls: Sequence[tuple[int, int]], from_ns: int) -> JsonObject:
+    """The copy's rate from the first answer at or after `from_ns` to the last, and the mean
+    gap between answers that moved the watermark (the lag's real resolution)."""
+    (t0, h0), (t1, h1) = next(p for p in polls if p[0] >= from_ns), polls[-1]
+    gap = (polls[-1][0] - polls[0][0]) / max(1, len(polls) - 1) / 1e9
+    return {"copy_msgs_per_s": (h1 - h0) / max(t1 - t0, 1) * 1e9, "poll_gap_s_mean": gap}
+
+
+def _spread(values: Any, name: str) -> JsonObject:
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    at = {p: float(ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))])
+          for p in (50, 99)}
+    return {f"{name}_p50": at[50], f"{name}_p99": at[99], f"{name}_max": float(ordered[-1])}
+
+
+def _samples(first: int, count: int) -> range:
+    return range(first, count, max(1, (count - first) // SEND_LAG_SAMPLES))
+
+
+async def _lag_run(nats_url: str, subject: str, rate: int, warmup_s: float, measure_s: float,
+                   high: Callable[[int], Awaitable[int]], held: Callable[[], Awaitable[int]]
+                   ) -> tuple[JsonObject, LoadResult, int]:
+    """The paced publish of `subject` with the poller of its copy beside it: the lag
+    figures over the records due after the warm-up, the publish's result and how many
+    records the source holds (`held()` once the publish is over: fewer than were sent if
+    some were lost, and then the offsets after a lost one were due up to that many
+    intervals later than counted)."""
+    load = _paced(subject, rate, warmup_s + measure_s)
+    wanted, first = [load.count or 0], round(rate * warmup_s)
+    poller = asyncio.create_task(poll_arrivals(high, lambda: wanted[0],
+                                               warmup_s + measure_s + DEADLINE_S))
+    try:
+        result = await run_load(nats_url, load)
+        wanted[0] = await held()
+        polls = await poller
+    finally:
+        poller.cancel()
+    lags = arrival_lags_s(polls, result.start_ns, rate, first, wanted[0])
+    return {**_publish_figures(result, rate), "records": len(lags), "polls": len(polls),
+            **copy_figures(polls, result.start_ns + round(warmup_s * 1e9)),
+            "lag_s_first": float(lags[0]), "lag_s_last": float(lags[-1]),
+            "source_records": wanted[0], "lost": (load.count or 0) - wanted[0],
+            "poll_interval_s": ARRIVAL_POLL_S, **_spread(lags, "lag_s")}, result, wanted[0]
+
+
 async def lag(a: BrokerProcess, b: BrokerProcess, nats_a: str, rate: int, warmup_s: float,
-              measure_s: float, mode: str) -> JsonObject:
+              measure_s: float) -> JsonObject:
     async with jetstream.connect(a.address) as ja, jetstream.connect(b.address) as jb:
         await ja.create_stream("lagsrc", "lagsrc", fsync="interval")
         await jb.create_stream("lagdst", "lagdst", fsync="interval")
         await jb.create_datastream(
             "lag", {"type": "jetstream", "settings": {"brokers": a.address,
                                                       "stream": "lagsrc"}},
-            _destination("lagdst", mode), batch_records_max=5000, in_flight_max=5000)
-        count = round(rate * (warmup_s + measure_s))
-        arrived = [0.0] * count
-        start = time.perf_counter() + 1.0
+            _destination("lagdst", "mirror"), batch_records_max=5000, in_flight_max=5000)
 
-        async def follow() -> None:
-            seen = 0
-            async with jb.subscribe("lagdst", max_wait_ms=100) as sub:
-                async for message in sub:
-                    arrived[message.offset] = time.perf_counter()
-                    seen += 1
-                    if seen == count:
-                        return
+        async def high(offset: int) -> int:
+            response, _ = await jb.fetch_batches("lagdst", 0, offset, max_bytes=1,
+                                                 max_wait_ms=round(ARRIVAL_POLL_S * 1000))
+            return response.high_watermark
 
-        follower = asyncio.create_task(follow())
-        sent = await publish_paced(nats_a, "lagsrc", PAYLOAD, rate, start, warmup_s, measure_s)
-        await asyncio.wait_for(follower, DEADLINE_S)
+        async def held() -> int:
+            return await _hw(ja, "lagsrc")
+
+        figures, result, count = await _lag_run(nats_a, "lagsrc", rate, warmup_s, measure_s,
+                                                high, held)
         await jb.delete_datastream("lag")
-    first = round(rate * warmup_s)
-    lags = [arrived[i] - (start + i / rate) for i in range(first, count)]
-    return {"offered_msgs_per_s": rate, "records": len(lags),
-            "lag_p50_s": percentile(lags, 50), "lag_p99_s": percentile(lags, 99),
-            "lag_max_s": max(lags), "publish_msgs_per_s": sent["msgs_per_s"],
-            "send_lag_p99_ms": sent["send_lag_p99_ms"]}
+        sent = []
+        for offset in _samples(round(rate * warmup_s), count):
+            found = (await ja.fetch("lagsrc", 0, offset, max_bytes=1)).messages
+            stamp = next(int(m.value[:STAMP_DIGITS]) for m in found if m.offset == offset)
+            sent.append((stamp - result.start_ns) / 1e9 - offset / rate)
+    return {**figures, **_spread(sent, "send_lag_s")}
+
+
+async def js_lag(server: NatsServer, rate: int, warmup_s: float, measure_s: float
+                 ) -> JsonObject:
+    nc = await nats.connect(server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="ORIGINLAG", subjects=["originlag"]))
+        await js.add_stream(StreamConfig(name="MIRRORLAG",
+                                         mirror=StreamSource(name="ORIGINLAG")))
+
+        async def high(_: int) -> int:
+            return int((await js.stream_info("MIRRORLAG")).state.last_seq)
+
+        async def held() -> int:
+            return int((await js.stream_info("ORIGINLAG")).state.last_seq)
+
+        figures, result, count = await _lag_run(server.url, "originlag", rate, warmup_s,
+                                                measure_s, high, held)
+        sent = []
+        for offset in _samples(round(rate * warmup_s), count):
+            found = await js.get_msg("ORIGINLAG", seq=offset + 1)
+            stamp = int((found.data or b"")[:STAMP_DIGITS])
+            sent.append((stamp - result.start_ns) / 1e9 - offset / rate)
+    finally:
+        await nc.close()
+    return {**figures, **_spread(sent, "send_lag_s")}
 
 
 async def parquet(a: BrokerProcess, path: Path, messages: int) -> JsonObject:
@@ -195,6 +365,7 @@ async def run(quick: bool) -> JsonObject:
     messages = 20_000 if quick else 100_000
     repeats = 1 if quick else 3
     warmup_s, measure_s = (2.0, 5.0) if quick else (5.0, 20.0)
+    probe_s = 2.0 if quick else 4.0
     with tempfile.TemporaryDirectory(prefix="bench-datastreams-") as tmp:
         root = Path(tmp)
         with NatsServer(root / "nats-a") as nats_a, NatsServer(root / "nats-b") as nats_b:
@@ -207,12 +378,11 @@ async def run(quick: bool) -> JsonObject:
                 by_records = [await mirror_once(a, b, nats_a.url, messages, f"r{r}",
                                                 "records") for r in range(repeats)]
                 fill_rate = statistics.median(r["fill_puts_per_s"] for r in ours)
-                # Half the mirror's rate, unless the source cannot take that much in: then a
-                # share of what it took while filled (the publisher and the subscriber share
-                # this process; past that the lag measures them and the source's ingest).
-                half = max(100, int(mirror_rate / 2))
-                rate = max(100, min(half, int(fill_rate * LAG_FILL_SHARE)))
-                lagged = await lag(a, b, nats_a.url, rate, warmup_s, measure_s, "mirror")
+                # Half the mirror's rate, capped by the highest rate the source sustains.
+                half = max(PROBE_RATE_MIN, int(mirror_rate / 2))
+                source = await source_rate(a, nats_a.url, half, probe_s)
+                rate = min(half, source["source_max_msgs_per_s"])
+                lagged = await lag(a, b, nats_a.url, rate, warmup_s, measure_s)
                 landed = await parquet(a, root / "lake", messages)
             finally:
                 a.stop()
@@ -220,6 +390,7 @@ async def run(quick: bool) -> JsonObject:
         with NatsServer(root / "nats-js", jetstream=True,
                         store_dir=root / "js-store") as js_server:
             theirs = [await js_mirror_once(js_server, messages, r) for r in range(repeats)]
+            js_lagged = await js_lag(js_server, rate, warmup_s, measure_s)
     js_rate = statistics.median(r["msgs_per_s"] for r in theirs)
     return {
         "messages": messages, "repeats": repeats, "payload_bytes": len(PAYLOAD),
@@ -234,16 +405,22 @@ async def run(quick: bool) -> JsonObject:
         "records_mirror_vs_js_mirror": statistics.median(r["msgs_per_s"] for r in by_records)
         / js_rate,
         "source_fill_msgs_per_s": fill_rate,
-        "lag_rate_is_half_the_mirror_rate": rate == half,
         "js_mirror_cpu_us_per_msg": statistics.median(r["cpu_us_per_msg"] for r in theirs),
-        "mirror_lag_p50_s": lagged["lag_p50_s"], "mirror_lag_p99_s": lagged["lag_p99_s"],
-        "lag": lagged,
+        "lag_offered_msgs_per_s": rate,
+        "lag_rate_is_half_the_mirror_rate": rate == half,
+        "source_max_msgs_per_s": source["source_max_msgs_per_s"],
+        "mirror_lag_p50_s": lagged["lag_s_p50"], "mirror_lag_p99_s": lagged["lag_s_p99"],
+        "mirror_lag_max_s": lagged["lag_s_max"],
+        "js_mirror_lag_p50_s": js_lagged["lag_s_p50"],
+        "js_mirror_lag_p99_s": js_lagged["lag_s_p99"],
+        "js_mirror_lag_max_s": js_lagged["lag_s_max"],
+        "lag": lagged, "js_lag": js_lagged, "source": source,
         "parquet_sink_rows_per_s": landed["rows_per_s"], "parquet": landed,
         "runs": {"mirror": ours, "records_mirror": by_records, "js_mirror": theirs},
         "targets": {"mirror_vs_js_mirror >= 1.0": mirror_rate / js_rate >= 1.0,
                     f"mirror_lag_p99_s <= 1.0 at {rate} msg/s "
                     f"({'half the mirror rate' if rate == half else 'below half the mirror rate'})":
-                        lagged["lag_p99_s"] <= 1.0},
+                        lagged["lag_s_p99"] <= 1.0},
     }
 
 
@@ -256,9 +433,11 @@ def table(results: JsonObject) -> str:
         ("NATS JetStream mirror", f"{results['js_mirror_msgs_per_s']:,.0f} msg/s",
          f"{results['js_mirror_cpu_us_per_msg']:.1f} us CPU/msg"),
         ("ratio", f"{results['mirror_vs_js_mirror']:.2f}x", ""),
-        (f"lag at {results['lag']['offered_msgs_per_s']:,} msg/s",
+        (f"lag at {results['lag_offered_msgs_per_s']:,} msg/s",
          f"p50 {results['mirror_lag_p50_s']:.3f} s",
          f"p99 {results['mirror_lag_p99_s']:.3f} s"),
+        ("NATS JetStream mirror lag", f"p50 {results['js_mirror_lag_p50_s']:.3f} s",
+         f"p99 {results['js_mirror_lag_p99_s']:.3f} s"),
         ("Parquet sink", f"{results['parquet_sink_rows_per_s']:,.0f} rows/s",
          f"{results['parquet']['cpu_us_per_row']:.1f} us CPU/row"),
     ]

@@ -148,7 +148,9 @@ def write_messages(path: Path,
 @dataclass(frozen=True, slots=True)
 class LoadResult:
     """What the processes of one run measured together. `messages` are the acks counted
-    (those after the warm-up), `acked` every ack."""
+    (those after the warm-up), `acked` every ack; `start_ns` the CLOCK_MONOTONIC time the
+    run started sending (with a count: its request i on one connection was due at
+    `start_ns + i / rate`) or, with a duration, the end of its warm-up."""
 
     messages: int
     acked: int
@@ -161,6 +163,7 @@ class LoadResult:
     mb_per_s: float
     histogram: Histogram
     generator_cpu_s: float
+    start_ns: int
 
     def figures(self) -> dict[str, Any]:
         """The result as JSON: rates, ack latency percentiles (ms), counts."""
@@ -190,7 +193,8 @@ def merge_runs(runs: Sequence[dict[str, Any]], size: int) -> LoadResult:
         timed_out=any(bool(r["timed_out"]) for r in runs), elapsed_s=elapsed_s,
         msgs_per_s=rate, mb_per_s=rate * size / 1e6,
         histogram=Histogram.merged(Histogram.from_json(r["histogram"]) for r in runs),
-        generator_cpu_s=sum(float(r["cpu_user_s"]) + float(r["cpu_sys_s"]) for r in runs))
+        generator_cpu_s=sum(float(r["cpu_user_s"]) + float(r["cpu_sys_s"]) for r in runs),
+        start_ns=start)
 
 
 async def run_load(url: str, load: Load) -> LoadResult:
