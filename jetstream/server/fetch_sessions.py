@@ -216,7 +216,7 @@ class FetchSessions:
         `hw_now`: such partitions stay dirty)."""
         answers: list[m.PartitionAnswer] = []
         pieces: list[FileSlice] = []
-        hw_held = False
+        held: list[tuple[PartitionKey, _Entry, PartitionLeader]] = []
         budget = request.max_bytes
         for key in list(session.dirty):
             if len(answers) >= m.REPLICA_FETCH_ANSWERS_MAX:
@@ -253,20 +253,32 @@ class FetchSessions:
                 if hw == entry.hw_told:
                     session.dirty.discard(key)  # nothing to say
                 else:
-                    hw_held = True  # stays dirty
+                    held.append((key, entry, leader))  # stays dirty
                 continue
-            session.dirty.discard(key)
-            entry.hw_told, entry.log_start_told = hw, log_.log_start_offset
-            answers.append(m.PartitionAnswer(
-                key[0], key[1], None, hw, log_.log_start_offset, log_.log_end_offset,
-                entry.offset if piece is None else piece.next_offset,
-                leader.state.leader_epoch, length))
+            answers.append(self._told(session, key, entry, leader, piece))
             if piece is not None and length:
                 pieces.append(piece)
                 budget -= length
             elif piece is not None:
                 piece.close()
-        return answers, pieces, hw_held
+        if answers:  # an answer goes out anyway: held HWs ride with it
+            room = m.REPLICA_FETCH_ANSWERS_MAX - len(answers)
+            answers.extend(self._told(session, key, entry, leader, None)
+                           for key, entry, leader in held[:room])
+            held = held[room:]
+        return answers, pieces, bool(held)
+
+    @staticmethod
+    def _told(session: FetchSession, key: PartitionKey, entry: _Entry,
+              leader: PartitionLeader, piece: FileSlice | None) -> m.PartitionAnswer:
+        """The answer for `key` (its records in `piece`, if any), now told to the session."""
+        session.dirty.discard(key)
+        log_ = leader.log
+        entry.hw_told, entry.log_start_told = leader.high_watermark, log_.log_start_offset
+        return m.PartitionAnswer(
+            key[0], key[1], None, leader.high_watermark, log_.log_start_offset,
+            log_.log_end_offset, entry.offset if piece is None else piece.next_offset,
+            leader.state.leader_epoch, 0 if piece is None else piece.length)
 
     def _refusal(self, key: PartitionKey, leader: PartitionLeader | None, entry: _Entry
                  ) -> JetstreamError | None:

@@ -262,3 +262,23 @@ async def test_a_new_hw_alone_waits_for_records_to_carry_it(
         fetch(sessions, request(sid, 2, wait_ms=10_000, changed=[(0, 5)])), 5)
     assert answers == [(0, 5, 0, None)]
     assert 0.15 <= asyncio.get_running_loop().time() - started < 5
+
+
+async def test_a_held_hw_rides_with_another_partitions_records(
+        leaders: dict[Key, FakeLeader]) -> None:
+    sessions = FetchSessions(lambda key: cast(PartitionLeader | None, leaders.get(key)),
+                             hw_delay_ms=60_000)
+    zero, one = leaders[("s", 0)], leaders[("s", 1)]
+    zero.append(3)
+    response, _ = await fetch(sessions, request(changed=[(0, 0), (1, 0)]))
+    sid = response.session_id
+    zero.high_watermark = 3  # the follower's fetch at 3 moved it: news alone, held
+    waiting = asyncio.create_task(fetch(sessions, request(sid, 1, wait_ms=10_000,
+                                                          changed=[(0, 3)])))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    one.append(2)
+    sessions.changed(("s", 1))
+    _, answers = await asyncio.wait_for(waiting, 5)
+    # Partition 1's records go out, and partition 0's HW with them (never starved).
+    assert sorted(answers) == [(0, 3, 0, None), (1, 0, 2, None)]
