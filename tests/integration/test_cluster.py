@@ -131,11 +131,15 @@ async def read_through(broker: BrokerProcess, last: bytes) -> list[bytes]:
         return values
 
 
-def replica_bytes(broker: BrokerProcess, end_offset: int) -> bytes:
-    """The raw record batches of the replica's log below `end_offset` (broker stopped)."""
+def replica_bytes(broker: BrokerProcess, end_offset: int | None = None,
+                  start_offset: int | None = None) -> bytes:
+    """The raw record batches of the replica's log from `start_offset` (its log start) below
+    `end_offset` (its log end) (broker stopped)."""
     log = Log(broker.data_dir / "logs" / f"{STREAM}-0")
     try:
-        out, offset = b"", log.log_start_offset
+        out = b""
+        offset = log.log_start_offset if start_offset is None else start_offset
+        end_offset = log.log_end_offset if end_offset is None else end_offset
         while offset < end_offset:
             data, offset = log.read_bytes(offset, 1 << 20, upper_bound=end_offset)
             assert data, f"{broker.data_dir} ends before {end_offset}"
@@ -602,17 +606,5 @@ async def test_an_empty_replica_starts_at_the_leaders_log_start(
         assert follower_start >= start and follower_end == leader_end == 201
         # The same batches from where both logs hold them.
         common = max(follower_start, leader_start)
-        assert _bytes_from(follower, common) == _bytes_from(leader, common)
-
-
-def _bytes_from(broker: BrokerProcess, offset: int) -> bytes:
-    """The raw record batches of the replica's log from `offset` on (broker stopped)."""
-    log = Log(broker.data_dir / "logs" / f"{STREAM}-0")
-    try:
-        out, end = b"", log.log_end_offset
-        while offset < end:
-            data, offset = log.read_bytes(offset, 1 << 20, upper_bound=end)
-            out += data
-        return out
-    finally:
-        log.close()
+        assert replica_bytes(follower, start_offset=common) == \
+            replica_bytes(leader, start_offset=common)
