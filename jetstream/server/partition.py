@@ -457,7 +457,7 @@ class PartitionLeader:
         if copied.data:
             if self._disk is not None:
                 self._disk.check(copied.records)
-            info = self.log.append_batches(copied.data, sync=False, check_records=False)
+            info = self.log.append_batches(copied.data, sync=False, verified=True)
             self._on_append()
             self.metrics.appended_records += copied.records
             self.metrics.appended_bytes += info.size_bytes

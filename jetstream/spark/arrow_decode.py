@@ -147,7 +147,6 @@ def _scan(view: memoryview, start: int, end: int, ts_min: int | None,
     size = len(view)
     next_offset: int | None = None
     unpack = fmt.BATCH_HEADER.unpack_from
-    crc32c = fmt.crc32c
     while size - pos >= fmt.BATCH_HEADER.size:
         fields = unpack(view, pos)
         base, length, epoch, magic, crc, attributes, last_delta, first_ts, max_ts, count = fields
@@ -160,8 +159,7 @@ def _scan(view: memoryview, start: int, end: int, ts_min: int | None,
         batch_end = pos + fmt.LOG_OVERHEAD.size + length
         if base >= end or batch_end > size:
             break
-        if verify and crc != crc32c(view[pos + fmt.CRC_START:batch_end],
-                                    crc32c(view[pos:pos + fmt.CRC_OFFSET])):
+        if verify and crc != fmt.batch_crc(view, pos, batch_end):
             raise fmt.BatchFormatError(f"CRC mismatch in batch at offset {base}")
         if not count and batch_end - pos != fmt.BATCH_HEADER.size:
             raise fmt.BatchFormatError(f"an empty batch holds record bytes at offset {base}")

@@ -92,11 +92,10 @@ def restamp(buf: bytearray, pos: int, header: fmt.BatchHeader, epoch: int) -> No
     place (nothing to do when it has that epoch)."""
     if header.leader_epoch == epoch:
         return
-    view = memoryview(buf)
-    before = fmt.BEFORE_CRC.pack(header.base_offset, header.batch_length, epoch, fmt.MAGIC)
-    view[pos:pos + fmt.CRC_OFFSET] = before
-    crc = fmt.crc32c(view[pos + fmt.CRC_START:pos + header.size], fmt.crc32c(before))
-    view[pos + fmt.CRC_OFFSET:pos + fmt.CRC_START] = crc.to_bytes(4, "big")
+    buf[pos:pos + fmt.CRC_OFFSET] = fmt.BEFORE_CRC.pack(header.base_offset, header.batch_length,
+                                                       epoch, fmt.MAGIC)
+    crc = fmt.batch_crc(buf, pos, pos + header.size)
+    buf[pos + fmt.CRC_OFFSET:pos + fmt.CRC_START] = crc.to_bytes(4, "big")
 
 
 @dataclass(frozen=True, slots=True)

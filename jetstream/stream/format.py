@@ -284,13 +284,16 @@ def check_header(header: BatchHeader) -> None:
         raise BatchFormatError(f"unsupported batch attributes {header.attributes:#x}")
 
 
+def batch_crc(buf: bytes | bytearray | memoryview, pos: int, end: int) -> int:
+    """The CRC the batch in `buf[pos:end]` should carry: of every byte but the CRC field."""
+    view = memoryview(buf)
+    return crc32c(view[pos + CRC_START:end], crc32c(view[pos:pos + CRC_OFFSET]))
+
+
 def verify_crc(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> bool:
     """True when the batch at `pos` (whose header is `header`) matches its CRC."""
     end = pos + header.size
-    if end > len(buf):
-        return False
-    view = memoryview(buf)
-    return crc32c(view[pos + CRC_START:end], crc32c(view[pos:pos + CRC_OFFSET])) == header.crc
+    return end <= len(buf) and batch_crc(buf, pos, end) == header.crc
 
 
 def iter_batches(

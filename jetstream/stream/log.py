@@ -234,14 +234,15 @@ class Log(LogReads):
         return info
 
     def append_batches(self, data: bytes | memoryview, *, sync: bool = True,
-                       check_records: bool = True) -> AppendInfo:
+                       verified: bool = False) -> AppendInfo:
         """Append whole batches copied from the leader (the follower's path). They must start
         at the log end offset, be contiguous, pass their CRC and carry non-decreasing epochs.
-        `check_records` False skips decoding every record (a mirror's copy of batches its
-        source's leader built and checked)."""
+        `verified`: the caller checked every batch's CRC and does not need the records
+        decoded (a mirror's copy, jetstream.stream.copying.plan_copy: CRCs checked, then
+        re-stamped), so neither is done again."""
         try:
-            batches = list(fmt.iter_batches(data, verify=True))
-            for pos, header in batches if check_records else ():
+            batches = list(fmt.iter_batches(data, verify=not verified))
+            for pos, header in () if verified else batches:
                 fmt.decode_records(data, pos, header)
         except (fmt.BatchFormatError, UnicodeDecodeError) as exc:
             raise InvalidBatch(f"malformed batch: {exc}") from exc
