@@ -271,10 +271,7 @@ class PartitionFollower:
     async def _start_past_removed(self, refusal: OffsetOutOfRange) -> bool:
         """The leader no longer holds where this log ends: restart it empty at the leader's
         log start (jetstream.isr.follower.start_past_removed). Whether it did."""
-        leader_start = refusal.fields.get("oldest")
-        if not isinstance(leader_start, int):
-            return False
-        step = start_past_removed(self.log.log_end_offset, leader_start)
+        step = start_past_removed(self.log.log_end_offset, refusal.oldest)
         if step is None:
             return False
         log.warning("%s: the leader's log starts at %d, past this log's end %d: starting "
@@ -451,10 +448,9 @@ class PartitionFollower:
             self.log.append_batches(data, sync=False)
 
     def _make_durable(self) -> None:
-        """Make what was appended durable by the stream's policy (in a thread: it may fsync):
-        at once under ALWAYS, when the interval has passed under INTERVAL."""
-        if self.stream.fsync is not FsyncPolicy.NEVER:
-            self.log.sync_appended()
+        """Make what was appended durable by the stream's policy (in a thread: it may
+        fsync)."""
+        self.log.sync_appended()
 
     def maybe_checkpoint(self) -> bool:
         """Checkpoint the HW once `checkpoint_interval_ms` passed since it moved past the
