@@ -5,7 +5,11 @@ publish takes the next sequence number of its partition (its target subject) and
 (id, epoch, sequence) in its envelope. The partition leader stores a sequence once: a retry
 of one it holds is answered with its original offset (`Ack.duplicate`), one past a gap is
 refused with OUT_OF_ORDER_SEQUENCE, and a newer epoch of the same id fences the older
-(PRODUCER_FENCED). The leader keeps this state in its log, so it survives failover.
+(PRODUCER_FENCED). The leader keeps this state in its log, so it survives failover. The
+first sequence of an epoch a leader does not know must be 0: a publish whose earlier
+sequences are all acked says so (`resume`), so a leader that forgot an idle producer takes
+it up, while one whose earlier publishes may still be on their way (or lost) is refused
+as a gap.
 
 So a publish here retries on its own — the same bytes, the same sequence — on an ack
 timeout, a lost connection, a leader change (also when no leader subscribes to the subject
@@ -24,7 +28,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from jetstream.client.publisher import ExpectingItem
+from jetstream.client.publisher import ExpectingItem, Stamp
 from jetstream.client.types import PublishMessage
 from jetstream.errors import (
     AckTimeout,
@@ -76,6 +80,27 @@ class IdempotentProducer:
         check_producer(self.producer_id, epoch, 0)
         self._publishing = publishing
         self._sequences: dict[str, int] = {}
+        #: Per target subject, the sequences given and not acked yet.
+        self._unacked: dict[str, set[int]] = {}
+
+    def _next(self, target: str) -> int:
+        sequence = self._sequences.get(target, 0)
+        self._sequences[target] = sequence + 1
+        self._unacked.setdefault(target, set()).add(sequence)
+        return sequence
+
+    def _stamp(self, target: str, sequence: int) -> Stamp:
+        """The stamp of `sequence`, with `resume` when every earlier one of `target` is
+        acked."""
+        if sequence and min(self._unacked[target]) == sequence:
+            return (self.producer_id, self.epoch, sequence, True)
+        return (self.producer_id, self.epoch, sequence)
+
+    def _acked(self, target: str, sequence: int) -> None:
+        unacked = self._unacked[target]
+        unacked.discard(sequence)
+        if not unacked:
+            del self._unacked[target]
 
     async def publish(self, subject: str, value: bytes | None, *, key: bytes | None = None,
                       headers: Mapping[str, bytes] | None = None,
@@ -90,14 +115,13 @@ class IdempotentProducer:
             raise ProtocolError("an idempotent publish waits for its ack: not ack_policy none",
                                 field="ack_policy")
         target = self._publishing.target_subject(subject, key, partition)
-        sequence = self._sequences.get(target, 0)
-        self._sequences[target] = sequence + 1
-        stamp = (self.producer_id, self.epoch, sequence)
+        sequence = self._next(target)
         deadline = time.monotonic() + timeout
         for attempt in range(1 << 30):
             try:
                 ack = await self._publishing.publish_to(
-                    target, value, key, headers, ack_policy, attempt_timeout, producer=stamp)
+                    target, value, key, headers, ack_policy, attempt_timeout,
+                    producer=self._stamp(target, sequence))
             except RETRIED:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -105,6 +129,7 @@ class IdempotentProducer:
                 await asyncio.sleep(min(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)], left))
                 continue
             assert ack is not None
+            self._acked(target, sequence)
             return ack
         raise AssertionError("unreachable")
 
@@ -124,20 +149,20 @@ class IdempotentProducer:
         for message in messages:
             target = self._publishing.target_subject(message.subject, message.key,
                                                      message.partition)
-            sequence = self._sequences.get(target, 0)
-            self._sequences[target] = sequence + 1
             value = None if message.value is None else bytes(message.value)
             items.append(((target, value, message.key, message.headers),
-                          {"producer": (self.producer_id, self.epoch, sequence)}))
+                          {"producer": (self.producer_id, self.epoch, self._next(target))}))
         acks: list[Ack | None] = [None] * len(items)
         pending = list(range(len(items)))
         deadline = time.monotonic() + timeout
         for attempt in range(1 << 30):
             got, error = await self._publishing.publish_expecting(
-                [items[i] for i in pending],
+                self._restamped(items, pending),
                 ack_policy=ack_policy, window=window, timeout=attempt_timeout)
             for i, ack in zip(pending, got, strict=False):
                 acks[i] = ack
+                if ack is not None:
+                    self._acked(items[i][0][0], items[i][1]["producer"][2])
             pending = [i for i in pending if acks[i] is None]
             if not pending:
                 return [ack for ack in acks if ack is not None]
@@ -149,3 +174,18 @@ class IdempotentProducer:
                     items[pending[0]][0][0], round(attempt_timeout * 1000))
             await asyncio.sleep(min(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)], left))
         raise AssertionError("unreachable")
+
+    def _restamped(self, items: list[ExpectingItem], pending: list[int]
+                   ) -> list[ExpectingItem]:
+        """The pending items, the first of each target stamped again (it may `resume`: only
+        the first can have every earlier sequence acked)."""
+        out: list[ExpectingItem] = []
+        seen: set[str] = set()
+        for i in pending:
+            item = items[i]
+            target = item[0][0]
+            if target not in seen:
+                seen.add(target)
+                item = (item[0], {"producer": self._stamp(target, item[1]["producer"][2])})
+            out.append(item)
+        return out

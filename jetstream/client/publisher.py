@@ -57,8 +57,9 @@ YIELD_EVERY = 64
 
 #: One item of a batch: subject, value, key, headers.
 BatchItem = tuple[str, bytes | None, bytes | None, Mapping[str, bytes] | None]
-#: An idempotent producer's stamp of one message: producer id, epoch, sequence.
-Stamp = tuple[str, int, int]
+#: An idempotent producer's stamp of one message: producer id, epoch, sequence, and
+#: optionally `resume` (every earlier sequence of the epoch was acked: jetstream.idempotence).
+Stamp = tuple[str, int, int] | tuple[str, int, int, bool]
 #: A batch item with its envelope's expectation fields: `msg_id`, `producer` (a Stamp),
 #: `expected_offset`, `expected_last_offset_for_key`, `check_registers`, ...
 ExpectingItem = tuple[BatchItem, Mapping[str, Any]]

@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jetstream.client.publisher import ExpectingItem
+from jetstream.client.publisher import ExpectingItem, Stamp
 from jetstream.datastreams.batch_copy import MODES, BatchWriter
 from jetstream.datastreams.connector import (
     Endpoints,
@@ -188,7 +188,8 @@ class StreamWriter:
         info = self._info
         if info is None:
             info = self._info = await self._js.stream_info(self.stream)
-        items = [self._item(record, info) for record in records]
+        firsts: set[tuple[int, str]] = set()
+        items = [self._item(record, info, firsts) for record in records]
         # One ordered pipeline: each producer's sequences reach the leader in order, so a
         # record lost on the way makes the ones after it refused (OUT_OF_ORDER_SEQUENCE),
         # never stored out of order. Any error ends this writer (the task takes a new epoch).
@@ -202,7 +203,10 @@ class StreamWriter:
             self._info = None
             raise error
 
-    def _item(self, record: SourceRecord, info: StreamInfo) -> ExpectingItem:
+    def _item(self, record: SourceRecord, info: StreamInfo, firsts: set[tuple[int, str]]
+              ) -> ExpectingItem:
+        """The publish of `record`; the first of each producer and target in a write says
+        `resume` (every earlier write was acked, or this writer would not be used again)."""
         context = self._context
         count = info.partition_count
         if context.partition_mapping == "key_hash" and record.key is not None:
@@ -216,9 +220,14 @@ class StreamWriter:
         headers[SOURCE_HEADER] = f"{context.source_name}/{record.partition}".encode()
         headers[SOURCE_OFFSET_HEADER] = str(record.position).encode()
         target = names.partition_subject(info.subject, partition)
-        sequence = self._sequences.get((record.partition, target), 0)
-        self._sequences[(record.partition, target)] = sequence + 1
-        producer = (f"ds.{context.datastream}.{record.partition}", context.epoch, sequence)
+        lane = (record.partition, target)
+        sequence = self._sequences.get(lane, 0)
+        self._sequences[lane] = sequence + 1
+        producer: Stamp = (f"ds.{context.datastream}.{record.partition}", context.epoch,
+                           sequence)
+        if lane not in firsts:
+            firsts.add(lane)
+            producer = (*producer, True)
         return ((target, record.value, record.key, headers),
                 {"msg_id": f"{context.datastream}/{record.partition}/{record.position}",
                  "producer": producer})

@@ -9,9 +9,13 @@ Theory of operation
   producer id, its epoch, the last sequence stored and the offsets of its last
   `sequences_max` sequences. A sequence at or below the last is a retry: answered with its
   offset when it is still remembered. One above the last + 1 is a gap. A higher epoch
-  replaces the producer's state (the first sequence of an epoch is taken as it comes); a
-  lower one is fenced. Producers idle longer than the window expire, and the least recently
-  active goes first past `producers_max`.
+  replaces the producer's state; a lower one is fenced. Producers idle longer than the window
+  expire, and the least recently active goes first past `producers_max`. The first sequence
+  of an epoch the table does not know must be 0; a later one is a gap (its earlier sequences
+  may have been lost on the way: NATS drops a publish that nobody subscribes to while a
+  leadership moves), unless the publish says `resume`: its sender holds acks for every
+  earlier sequence, so the table forgot the producer (idle, or evicted) and takes it up
+  where it is.
 
 Both are fed in log order, by the leader's appends and by the replay of a log tail when a
 broker becomes leader; both take the timestamps of the records, so a replay and the live
@@ -109,6 +113,12 @@ class SequenceCheck:
     expected: int = -1
 
 
+def _first_of_epoch(sequence: int, resume: bool) -> SequenceCheck:
+    if sequence == 0 or resume:
+        return SequenceCheck("new")
+    return SequenceCheck("gap", expected=0)
+
+
 class ProducerTable:
     def __init__(self, limits: GuardLimits) -> None:
         self.limits = limits
@@ -122,19 +132,20 @@ class ProducerTable:
         return self._producers.get(producer_id)
 
     def check(self, producer_id: str, epoch: int, sequence: int,
-              last: tuple[int, int] | None = None) -> SequenceCheck:
+              last: tuple[int, int] | None = None, resume: bool = False) -> SequenceCheck:
         """Judge a publish against the table, or against `last` (epoch, last sequence) when
-        an append in flight before it changed the producer."""
+        an append in flight before it changed the producer. `resume`: the sender holds acks
+        for every earlier sequence of this epoch (see the module doc)."""
         state = self._producers.get(producer_id)
         if last is None:
             if state is None:
-                return SequenceCheck("new")
+                return _first_of_epoch(sequence, resume)
             last = (state.epoch, state.last_sequence)
         current_epoch, last_sequence = last
         if epoch < current_epoch:
             return SequenceCheck("fenced", expected=current_epoch)
         if epoch > current_epoch:
-            return SequenceCheck("new")
+            return _first_of_epoch(sequence, resume)
         if sequence == last_sequence + 1:
             return SequenceCheck("new")
         if sequence > last_sequence:

@@ -53,6 +53,9 @@ class ProducerSequence:
     producer_id: str
     epoch: int
     sequence: int
+    #: Every earlier sequence of this epoch was acknowledged to the sender: a leader that
+    #: forgot the producer takes it up at `sequence` (otherwise the first must be 0).
+    resume: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +233,8 @@ class Pass:
         stamp = expect.producer
         if stamp is not None:
             check = guard.producers.check(stamp.producer_id, stamp.epoch, stamp.sequence,
-                                          self._sequences.get(stamp.producer_id))
+                                          self._sequences.get(stamp.producer_id),
+                                          stamp.resume)
             if check.verdict == "fenced":
                 return Refused(ProducerFenced(stamp.producer_id, stamp.epoch, check.expected))
         if expect.msg_id is not None:

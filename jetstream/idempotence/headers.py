@@ -43,7 +43,8 @@ def check_msg_id(value: object, field: str = "msg_id") -> str:
     return value
 
 
-def check_producer(producer_id: object, epoch: object, sequence: object) -> None:
+def check_producer(producer_id: object, epoch: object, sequence: object,
+                   resume: object = False) -> None:
     if not isinstance(producer_id, str) or PRODUCER_ID.fullmatch(producer_id) is None:
         raise ProtocolError("producer_id must be 1..64 characters of A-Z a-z 0-9 . _ -",
                             field="producer_id")
@@ -51,6 +52,8 @@ def check_producer(producer_id: object, epoch: object, sequence: object) -> None
                               ("producer_sequence", sequence, SEQUENCE_MAX)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
             raise ProtocolError(f"{name} must be an integer in [0, {high}]", field=name)
+    if not isinstance(resume, bool):
+        raise ProtocolError("producer_resume must be true or false", field="producer_resume")
 
 
 def check_registers(value: object, field: str) -> dict[str, str]:

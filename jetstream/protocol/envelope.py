@@ -26,8 +26,11 @@ envelopes with `encode_envelope` gets its mistakes reported on its side instead.
                                                share this ack inbox (default false)
         "msg_id"          str | nil            deduplicated within the stream's
                                                duplicate_window_ms (1..256 characters)
-        "producer"        [id, epoch, seq] | nil   an idempotent producer's stamp: id of
-                                               1..64 of A-Z a-z 0-9 . _ -, epoch u31, seq u63
+        "producer"        [id, epoch, seq] | [id, epoch, seq, resume] | nil   an idempotent
+                                               producer's stamp: id of 1..64 of
+                                               A-Z a-z 0-9 . _ -, epoch u31, seq u63; resume
+                                               (bool, default false): every earlier seq of
+                                               the epoch was acked to the sender
         "expected_offset" int | nil            the record must land at this offset
         "expected_last_offset_for_key"  int | nil   the key's latest record must be at
                                                this offset; -1: the key has no record
@@ -93,8 +96,8 @@ class Envelope:
     ack_policy: AckPolicy | None = None
     batch_ack: bool = False
     msg_id: str | None = None
-    #: (producer id, epoch, sequence) of an idempotent producer.
-    producer: tuple[str, int, int] | None = None
+    #: (producer id, epoch, sequence[, resume]) of an idempotent producer.
+    producer: tuple[str, int, int] | tuple[str, int, int, bool] | None = None
     expected_offset: int | None = None
     expected_last_offset_for_key: int | None = None
     check_registers: str | None = None
@@ -140,8 +143,9 @@ class Envelope:
         if self.msg_id is not None:
             idem.check_msg_id(self.msg_id)
         if self.producer is not None:
-            if not isinstance(self.producer, list | tuple) or len(self.producer) != 3:
-                raise _bad("producer", "must be [producer id, epoch, sequence]")
+            if not isinstance(self.producer, list | tuple) or len(self.producer) not in (3, 4):
+                raise _bad("producer", "must be [producer id, epoch, sequence] or "
+                           "[producer id, epoch, sequence, resume]")
             idem.check_producer(*self.producer)
             object.__setattr__(self, "producer", tuple(self.producer))
         for name, low in (("expected_offset", 0), ("expected_last_offset_for_key", -1)):

@@ -59,10 +59,11 @@ SUBTRACT_REGISTERS = "Jetstream-Subtract-Registers"
 PRODUCER_ID = "Jetstream-Producer-Id"
 PRODUCER_EPOCH = "Jetstream-Producer-Epoch"
 PRODUCER_SEQUENCE = "Jetstream-Producer-Sequence"
+PRODUCER_RESUME = "Jetstream-Producer-Resume"
 #: Headers that ask something of the partition, and those a publisher may not set.
 ASKING = frozenset({h.MSG_ID, EXPECTED_OFFSET, NATS_EXPECTED_LAST_SEQUENCE, CHECK_REGISTERS,
                     UNION_REGISTERS, SUBTRACT_REGISTERS, PRODUCER_ID, PRODUCER_EPOCH,
-                    PRODUCER_SEQUENCE})
+                    PRODUCER_SEQUENCE, PRODUCER_RESUME})
 _WATCHED = ASKING | h.RESERVED
 
 
@@ -165,7 +166,7 @@ def from_nats_headers(headers: Mapping[str, str]) -> Expectations | str | None:
     producer = None
     if PRODUCER_ID in headers:
         producer = (headers[PRODUCER_ID], _int(headers, PRODUCER_EPOCH, 0),
-                    _int(headers, PRODUCER_SEQUENCE, None))
+                    _int(headers, PRODUCER_SEQUENCE, None), _bool(headers, PRODUCER_RESUME))
     expected = _int(headers, EXPECTED_OFFSET, None)
     alias = _int(headers, NATS_EXPECTED_LAST_SEQUENCE, None)
     if expected is not None and alias is not None and expected != alias:
@@ -192,7 +193,7 @@ def from_envelope(envelope: Envelope) -> Expectations | None:
 
 
 def expectations(record_headers: Mapping[str, Any], *, msg_id: str | None = None,
-                 producer: tuple[str, Any, Any] | None = None,
+                 producer: tuple[Any, ...] | None = None,
                  expected_offset: int | None = None, expected_key_offset: int | None = None,
                  check_registers: str | None = None,
                  union_registers: Mapping[str, str] | None = None,
@@ -210,6 +211,9 @@ def expectations(record_headers: Mapping[str, Any], *, msg_id: str | None = None
         h.check_msg_id(msg_id)
     stamp = None
     if producer is not None:
+        if not isinstance(producer, tuple) or len(producer) not in (3, 4):
+            raise ProtocolError("producer must be [producer id, epoch, sequence] or "
+                                "[producer id, epoch, sequence, resume]", field="producer")
         h.check_producer(*producer)
         stamp = ProducerSequence(*producer)
     for name, value, low in (("expected_offset", expected_offset, 0),
@@ -247,6 +251,13 @@ def _int(headers: Mapping[str, str], name: str, default: int | None) -> int | No
     except ValueError:
         raise ProtocolError(f"header {name} must be an integer, got {text!r}",
                             field=name) from None
+
+
+def _bool(headers: Mapping[str, str], name: str) -> bool:
+    text = headers.get(name, "false").strip().lower()
+    if text not in ("true", "false"):
+        raise ProtocolError(f"header {name} must be true or false, got {text!r}", field=name)
+    return text == "true"
 
 
 def _labels(headers: Mapping[str, str], name: str) -> dict[str, str] | None:
@@ -299,8 +310,7 @@ def from_http(headers: Mapping[str, str], body: Mapping[str, Any],
     producer = body.get("producer")
     from_body = expectations(
         records[0].headers, msg_id=body.get("msg_id"),
-        producer=tuple(producer) if isinstance(producer, list) and len(producer) == 3
-        else producer,
+        producer=tuple(producer) if isinstance(producer, list) else producer,
         expected_offset=body.get("expected_offset"),
         expected_key_offset=body.get("expected_last_offset_for_key"),
         check_registers=body.get("check_registers"),

@@ -163,6 +163,43 @@ async def test_idempotent_producer_sequences_and_fencing(js: Client) -> None:
     assert values == [b"%d" % i for i in range(0, 20, 2)] + [b"new"]
 
 
+async def test_a_producer_is_taken_up_after_its_first_sequence_or_with_resume(
+        js: Client) -> None:
+    """A leader takes a producer it does not know at sequence 0 only (the earlier ones may
+    still be on their way, or lost), or at any sequence whose sender says every earlier one
+    was acked: an idle session goes on after the leader forgot it."""
+    await js.create_stream("tasks", "tasks.in", duplicate_window_ms=300)
+    target = js.target_subject("tasks.in", None, 0)
+    with pytest.raises(OutOfOrderSequence) as gap:
+        await js.publish_to(target, b"early", None, None, None, 5.0,
+                            producer=("task-8", 0, 3))
+    assert gap.value.expected_sequence == 0
+    resumed = await js.publish_to(target, b"resumed", None, None, None, 5.0,
+                                  producer=("task-8", 0, 3, True))
+    assert resumed is not None and not resumed.duplicate
+    session = js.idempotent_producer("task-9", epoch=0)
+    await session.publish("tasks.in", b"before", partition=0)
+    first_probe = await js.publish_to(target, b"probe", None, None, None, 5.0,
+                                      producer=("probe", 0, 0))
+    assert first_probe is not None
+    # Until the leader forgot the probe (a retry of its sequence 0 is stored again), and so
+    # task-9, idle since before it.
+    deadline = asyncio.get_running_loop().time() + DEADLINE_S
+    while True:
+        probe = await js.publish_to(target, b"probe", None, None, None, 5.0,
+                                    producer=("probe", 0, 0))
+        assert probe is not None
+        if not probe.duplicate:
+            break
+        assert asyncio.get_running_loop().time() < deadline, "the probe never forgotten"
+        await asyncio.sleep(0.05)
+    with pytest.raises(OutOfOrderSequence):  # without resume, sequence 0 is expected
+        await js.publish_to(target, b"lost-before", None, None, None, 5.0,
+                            producer=("task-9", 0, 1))
+    await session.publish("tasks.in", b"after", partition=0)  # sequence 1, with resume
+    assert await stored(js, "tasks", 0) == [b"resumed", b"before", b"probe", b"probe", b"after"]
+
+
 async def test_registers_from_the_client_and_the_cli(broker: BrokerProcess,
                                                      js: Client) -> None:
     import os

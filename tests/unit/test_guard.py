@@ -180,10 +180,13 @@ def test_register_count_is_bounded() -> None:
 def test_producer_sequences() -> None:
     part = Partition(GuardLimits(sequences_max=2))
 
-    def send(seq: int, epoch: int = 0) -> Verdict:
-        return part.publish(Expectations(producer=ProducerSequence("p", epoch, seq)))
+    def send(seq: int, epoch: int = 0, resume: bool = False) -> Verdict:
+        return part.publish(Expectations(producer=ProducerSequence("p", epoch, seq, resume)))
 
-    assert isinstance(send(5), Admitted)  # an unknown producer starts where it starts
+    first = send(5)  # an unknown producer's sequences before 5 may be on their way
+    assert isinstance(first, Refused) and isinstance(first.error, OutOfOrderSequence)
+    assert first.error.fields["expected_sequence"] == 0
+    assert isinstance(send(5, resume=True), Admitted)  # the sender holds acks for 0..4
     assert isinstance(send(6), Admitted)
     assert send(6) == Duplicate(1)
     gap = send(8)
@@ -193,6 +196,8 @@ def test_producer_sequences() -> None:
     assert isinstance(send(8), Admitted)
     old = send(5)  # stored, but no longer remembered with its offset
     assert isinstance(old, Refused) and isinstance(old.error, DuplicateSequence)
+    late = send(3, epoch=1)  # a new epoch starts at 0 too
+    assert isinstance(late, Refused) and isinstance(late.error, OutOfOrderSequence)
     assert isinstance(send(0, epoch=1), Admitted)  # a new epoch fences the old one
     fenced = send(9)
     assert isinstance(fenced, Refused) and isinstance(fenced.error, ProducerFenced)
@@ -335,7 +340,7 @@ def test_rebuild_reads_the_window_and_the_last_register_change(tmp_path: Path) -
         log.append([fmt.Record(value(i))], 0)
     assert len(log.segment_base_offsets) > 3
     _append_admitted(log, guard, Expectations(msg_id="new",
-                                              producer=ProducerSequence("p", 2, 7)),
+                                              producer=ProducerSequence("p", 2, 7, resume=True)),
                      None, clock.now)
     rebuilt = rebuild(log, limits, clock.now, track_keys=False)
     assert rebuilt.registers == {"owner": "a"}

@@ -10,7 +10,7 @@ import pytest
 from jetstream.errors import NotEnoughReplicas, OffsetMismatch, ProtocolError
 from jetstream.idempotence import headers as h
 from jetstream.idempotence.dedupe import GuardLimits
-from jetstream.idempotence.guard import Guard, ProducerSequence
+from jetstream.idempotence.guard import Expectations, Guard, ProducerSequence
 from jetstream.protocol.ack import AckEncoder
 from jetstream.protocol.envelope import decode_envelope, encode_envelope
 from jetstream.raft_meta.model import StreamConfig
@@ -32,11 +32,18 @@ def test_nats_headers() -> None:
     assert expect is not None
     assert (expect.msg_id, expect.expected_offset) == ("m", 5)
     assert expect.producer == ProducerSequence("p", 2, 9)
+    resumed = from_nats_headers({"Jetstream-Producer-Id": "p",
+                                 "Jetstream-Producer-Sequence": "9",
+                                 "Jetstream-Producer-Resume": "true"})
+    assert isinstance(resumed, Expectations)
+    assert resumed.producer == ProducerSequence("p", 0, 9, resume=True)
     assert str(expect.check_registers) == "owner=a"
     assert dict(expect.union_registers) == {"x": "1", "y": "2"}
     for bad in ({"Jetstream-Expected-Offset": "x"}, {"Jetstream-Registers": "{}"},
                 {"Jetstream-Check-Registers": "a in"}, {"Jetstream-Union-Registers": "a"},
-                {"Jetstream-Expected-Offset": "1", "Nats-Expected-Last-Sequence": "2"}):
+                {"Jetstream-Expected-Offset": "1", "Nats-Expected-Last-Sequence": "2"},
+                {"Jetstream-Producer-Id": "p", "Jetstream-Producer-Sequence": "1",
+                 "Jetstream-Producer-Resume": "yes"}):
         with pytest.raises(ProtocolError):
             from_nats_headers(bad)
 
@@ -59,6 +66,12 @@ def test_envelope_fields_round_trip_and_are_checked() -> None:
         encode_envelope(b"v", expected_offset=-1)
     with pytest.raises(ProtocolError):
         encode_envelope(b"v", producer=("bad id", 0, 0))
+    resumed = decode_envelope(encode_envelope(b"v", producer=("p", 1, 2, True)))
+    assert resumed is not None
+    assert from_envelope(resumed) == Expectations(producer=ProducerSequence("p", 1, 2, True))
+    for bad in (("p", 1, 2, "yes"), ("p", 1, 2, True, 5), ("p", 1)):
+        with pytest.raises(ProtocolError):
+            encode_envelope(b"v", producer=bad)
     with pytest.raises(ProtocolError):
         encode_envelope(b"v", msg_ids="typo")
 
@@ -70,6 +83,10 @@ def test_http_expectations_from_headers_or_body() -> None:
     by_body = from_http({}, {"expected_offset": 4, "producer": ["p", 0, 1]}, records)
     assert by_body is not None and by_body.expected_offset == 4
     assert by_body.producer == ProducerSequence("p", 0, 1)
+    resumed = from_http({}, {"producer": ["p", 0, 1, True]}, records)
+    assert resumed is not None and resumed.producer == ProducerSequence("p", 0, 1, True)
+    with pytest.raises(ProtocolError):
+        from_http({}, {"producer": "p"}, records)
     assert from_http({}, {}, records) is None
     with pytest.raises(ProtocolError):
         from_http({"Nats-Msg-Id": "m"}, {"expected_offset": 1}, records)
