@@ -63,7 +63,7 @@ from jetstream.server.scheduler import Scheduler
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.dir_lock import LOGS_LOCK_FILE, DirLock
 from jetstream.stream.handles import HandlePool
-from jetstream.stream.log import Log
+from jetstream.stream.log import Log, close_all
 from jetstream.tiered.partition_tier import TierConfig
 from jetstream.tiered.service import Tiering
 from jetstream.tiered.settings import settings_of
@@ -267,8 +267,9 @@ class Roles:
                 await self.followers.pop(key).stop()
             await self.fetchers.close()
             self.sessions.close_all()
-            for key in list(self._logs):
-                self._logs.pop(key).close()
+            logs = list(self._logs.values())
+            self._logs.clear()
+            await asyncio.to_thread(close_all, logs)  # two file-system syncs for them all
             self._logs_lock.release()
             await self.tiering.close()
 

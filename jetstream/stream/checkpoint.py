@@ -107,8 +107,9 @@ def encode_entries(kind: str, entries: list[tuple[int, ...]]) -> bytes:
     return (body + f"crc {crc:08x}\n").encode()
 
 
-def write_entries(path: Path, kind: str, entries: list[tuple[int, ...]]) -> None:
-    write_atomic(path, encode_entries(kind, entries))
+def write_entries(path: Path, kind: str, entries: list[tuple[int, ...]], *,
+                  durable: bool = True) -> None:
+    write_atomic(path, encode_entries(kind, entries), durable=durable)
 
 
 def read_entries(path: Path, kind: str) -> list[tuple[int, ...]] | None:

@@ -140,18 +140,20 @@ class LeaderEpochCache:
         if self._persist and durable:
             self._write(self._entries)
 
-    def _write(self, entries: list[EpochEntry]) -> None:
-        checkpoint.write_entries(self._path, KIND, [(e.epoch, e.start_offset) for e in entries])
+    def _write(self, entries: list[EpochEntry], durable: bool = True) -> None:
+        checkpoint.write_entries(self._path, KIND, [(e.epoch, e.start_offset) for e in entries],
+                                 durable=durable)
         self._written = list(entries)
 
-    def write_unwritten(self, log_end_offset: int) -> None:
+    def write_unwritten(self, log_end_offset: int, *, durable: bool = True) -> None:
         """Write the changes held only in memory (the log closes cleanly, rolls a segment or
         recovered epochs at `log_end_offset`), leaving out epochs that start at the end
-        (recovery would drop them). On a full disk they stay in memory only."""
+        (recovery would drop them). On a full disk they stay in memory only. Not `durable`:
+        no fsync (the caller syncs the file system)."""
         entries = [e for e in self._entries if e.start_offset < log_end_offset]
         if self._persist and entries != self._written:
             try:
-                self._write(entries)
+                self._write(entries, durable)
             except OSError as exc:
                 # Kept in memory: recovery makes these entries again from the batches.
                 if exc.errno not in checkpoint.DISK_FULL_ERRNOS:

@@ -46,12 +46,13 @@ def write_recovery_point(directory: Path, offset: int) -> None:
     checkpoint.write_offset(directory / RECOVERY_POINT_FILE, "recovery-point", offset)
 
 
-def raise_recovery_point(directory: Path, offset: int) -> bool:
+def raise_recovery_point(directory: Path, offset: int, *, durable: bool = True) -> bool:
     """Move the recovery point up to `offset` when the disk has room for it. A recovery point
     that stays lower only makes the next open scan more, so a full disk is not an error here
-    (lowering it, after a truncation, must use write_recovery_point)."""
+    (lowering it, after a truncation, must use write_recovery_point). Not `durable`: no
+    fsync (the caller syncs the file system)."""
     return checkpoint.write_offset_if_room(directory / RECOVERY_POINT_FILE, "recovery-point",
-                                           offset)
+                                           offset, durable=durable)
 
 
 def segment_bases(directory: Path) -> list[int]:

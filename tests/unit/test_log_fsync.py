@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from jetstream.stream import format as fmt
+from jetstream.stream.checkpoint import read_offset
 from jetstream.stream.config import FsyncPolicy
+from jetstream.stream.log import close_all
+from jetstream.stream.recovery import RECOVERY_POINT_FILE
 from jetstream.stream.segment import Segment
 from tests.unit.log_helpers import (
     Clock,
@@ -322,3 +325,27 @@ def test_a_failed_fsync_is_not_counted_durable(tmp_path: Path, clock: Clock,
     log.sync_through(4)
     assert log.durable_offset == 4
     log.close()
+
+
+def test_close_all_syncs_the_file_system_twice_and_leaves_clean_logs(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = [make(tmp_path / f"p{i}", clock, fsync=FsyncPolicy.NEVER, segment_bytes_max=4096)
+            for i in range(3)]
+    for i, log in enumerate(logs):
+        append_n(log, 10 + i, size=400)
+    ends = [log.log_end_offset for log in logs]
+    spy = FsyncSpy(monkeypatch)
+    #: The recovery points on disk at each file-system sync.
+    seen: list[list[int | None]] = []
+    monkeypatch.setattr(os, "sync", lambda: seen.append(
+        [read_offset(log.directory / RECOVERY_POINT_FILE, "recovery-point") for log in logs]))
+    close_all([*logs, logs[0]])  # a log closed already is left alone
+    assert spy.paths == []  # no fsync of any file
+    # Two syncs: the first before any recovery point vouches for the data, the second after.
+    assert len(seen) == 2 and all(point != end for point, end in zip(seen[0], ends, strict=True))
+    assert seen[1] == ends
+    for i in range(3):
+        log = make(tmp_path / f"p{i}", clock, fsync=FsyncPolicy.NEVER, segment_bytes_max=4096)
+        assert log.recovery.scanned_segments == 0
+        assert_dense(read_all(log), 0, 10 + i, size=400)
+        log.close()
