@@ -18,16 +18,13 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jetstream.cli_acl import add_auth_flags
 from jetstream.cli_client import add_commands
 from jetstream.cli_kv import KeyArgumentError
 from jetstream.cli_text import UsageError, normalize_argv
 from jetstream.errors import JetstreamError
-
-if TYPE_CHECKING:
-    from jetstream.server.broker import Broker
 
 #: Well-known dev ports (copy-paste friendly); any free port when one is taken.
 DEV_NATS_PORT = 4222
@@ -194,9 +191,8 @@ def _server(args: argparse.Namespace) -> int:
     _dump_stacks_on_sigusr1()
 
     async def run() -> None:
-        await broker.start()
+        await broker.start(stop_on_signals=True)
         _freeze_startup_objects()
-        _stop_on_signals(broker)
         info = broker.describe_self()
         if args.json:
             print(json.dumps({"event": "ready", "brokers": f"{info['host']}:{info['port']}",
@@ -232,17 +228,6 @@ def _freeze_startup_objects() -> None:
 
     gc.collect()
     gc.freeze()
-
-
-def _stop_on_signals(broker: Broker) -> None:
-    """SIGINT and SIGTERM stop the broker (run_until_stopped installs the same handlers;
-    installing them as soon as it has started closes the window before that)."""
-    import asyncio
-    import signal
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, broker.stop)
 
 
 def _add_broker_flags(parser: argparse.ArgumentParser) -> None:

@@ -273,8 +273,10 @@ class Admin:
 
     async def on_registers(self, request: m.RegistersRequest) -> m.RegistersResponse:
         leader = self.leader_for(request.stream, request.partition)
-        if not leader.guarded.ready and not is_internal(request.stream):
-            raise NotLeader(request.stream, request.partition)  # still reading its log
+        if not is_internal(request.stream):
+            await leader.guarded.loaded()  # read from the log as the leader starts
+            if not leader.guarded.ready:
+                raise NotLeader(request.stream, request.partition)  # it stopped meanwhile
         return m.RegistersResponse(request.stream, request.partition, self._config.broker_id,
                                    leader.guarded.registers)
 

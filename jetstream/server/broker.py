@@ -72,13 +72,15 @@ from jetstream.server.offsets_stream import OffsetsStream
 from jetstream.server.roles import IO_THREADS, Roles
 from jetstream.server.scheduler import Scheduler
 from jetstream.server.socket_api import SocketApi
-from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.checkpoint import fsync_dir, write_atomic
 from jetstream.stream.reserve import DiskReserve
 from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 READY_FILE = "broker.json"
+#: Written once a stop closed and synced every log; removed (durably) at the next start.
+CLEAN_STOP_FILE = "clean-stop"
 #: How long a broker waits before reconciling its roles again after a failed attempt.
 RECONCILE_RETRY_S = 1.0
 
@@ -116,14 +118,11 @@ class Broker:
 
     async def run(self) -> None:
         """Start, then run until `stop()` or SIGTERM/SIGINT."""
-        await self.start()
+        await self.start(stop_on_signals=True)
         await self.run_until_stopped()
 
     async def run_until_stopped(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._stop.set)
+        self._stop_on_signals()
         try:
             await self._stop.wait()
         finally:
@@ -132,7 +131,16 @@ class Broker:
     def stop(self) -> None:
         self._stop.set()
 
-    async def start(self) -> None:
+    def _stop_on_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._stop.set)
+
+    async def start(self, *, stop_on_signals: bool = False) -> None:
+        """Start serving. `stop_on_signals`: SIGTERM and SIGINT stop it from before it writes
+        its ready file (a broker alone in its process; `run_until_stopped` installs them
+        too)."""
         self._check_exposure()
         # Build (and so check) every TLS context before anything starts: a bad certificate
         # is a clear startup error, not a failure of the first connection.
@@ -146,6 +154,7 @@ class Broker:
         if not self._reserve.ensure():
             log.warning("no room for the %d-byte disk reserve in %s", self._reserve.size_bytes,
                         self.data_dir)
+        stopped_cleanly = self._take_clean_stop()
         files = OpenFiles.start(self.config.open_files_max)
         fence = EpochFence(self.data_dir, self._executor)
         nats_port = self._nats = await self._connect_nats()
@@ -205,7 +214,7 @@ class Broker:
                         max(self.http_port, 0))
         if self._cluster is not None:
             await self._cluster.join(me)
-            await self._cluster.renew_leaderships()
+            await self._cluster.renew_leaderships(stopped_cleanly=stopped_cleanly)
             self._failover_task = asyncio.create_task(self._cluster.failover_loop(),
                                                       name="failover")
         else:
@@ -218,9 +227,21 @@ class Broker:
         coordinators.start()
         await integrity.start()
         datastreams.start()
+        if stop_on_signals:  # before it says it is ready: a stop from then on is clean
+            self._stop_on_signals()
         ready = json.dumps(self.describe_self()).encode()
         self._reserve.write(lambda: write_atomic(self.data_dir / READY_FILE, ready))
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
+
+    def _take_clean_stop(self) -> bool:
+        """Whether the last run stopped cleanly; the mark is removed, durably, before
+        anything is written (a crash of this run must not look clean to the next)."""
+        mark = self.data_dir / CLEAN_STOP_FILE
+        if not mark.exists():
+            return False
+        mark.unlink()
+        fsync_dir(self.data_dir)
+        return True
 
     def _check_exposure(self) -> None:
         """Refuse to start with a listener off loopback that lacks its protection, unless
@@ -364,7 +385,8 @@ class Broker:
         if self._kv is not None:
             await self._kv.stop()
         if roles is not None:
-            await roles.stop_all()
+            await roles.stop_all()  # every log closed and synced: a clean stop
+            self._reserve.write(lambda: write_atomic(self.data_dir / CLEAN_STOP_FILE, b""))
         await self._scheduler.stop()
         if self._cluster is not None:
             await self._cluster.close()

@@ -5,7 +5,9 @@ address (the others are its partners). A broker waits until its metadata has cau
 a leader before it registers itself (RegisterBroker, retried while no leader commits it) and
 before it takes any partition role, so it never acts on a stale replay of its journal. Then
 it gives up every leader epoch it held before this start (`renew_leaderships`): each
-partition it still leads moves to a new epoch, led by another live in-sync replica if any.
+partition it still leads moves to a new epoch, led by another live in-sync replica if any,
+or by itself again when it stopped cleanly (every log closed and synced: nothing it appended
+was lost, so no follower holds more than it does).
 
 Failover is decided on the metadata leader's broker only: a FailoverController (pure) is fed
 every FAILOVER_TICK_MS with the brokers whose Raft connection is up (and this one), and with
@@ -124,15 +126,18 @@ class Cluster:
                     raise
                 await asyncio.sleep(RETRY_S)
 
-    async def renew_leaderships(self) -> None:
+    async def renew_leaderships(self, *, stopped_cleanly: bool = False) -> None:
         """Move every partition this starting broker still leads to a new leader epoch.
 
         A broker never resumes a leader epoch it held before it stopped: a crash may have
         cost it writes that its followers hold (appended but not yet fsynced under any fsync
         policy: followers fetch up to the leader's log end), and appending again at that
         epoch would make two different histories of one epoch, which truncation by epoch
-        cannot tell apart. The new leader is another in-sync replica whose broker is up
-        (it holds everything committed), else this broker at the next epoch."""
+        cannot tell apart. After a crash the new leader is another in-sync replica whose
+        broker is up (it holds everything committed), else this broker at the next epoch.
+        After a clean stop (`stopped_cleanly`: its logs hold everything it appended) it is
+        this broker at the next epoch: no leadership moves, so a whole cluster that starts
+        again does not first start every partition's roles one way, then switch them."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         before = {key: p.leader_epoch for key, p in self.metadata.state.partitions.items()
                   if p.leader == self.broker_id}
@@ -146,7 +151,7 @@ class Cluster:
             changes = []
             for p in led:
                 others = [r for r in self._successors(p) if r in live]
-                leader = others[0] if others else self.broker_id
+                leader = others[0] if others and not stopped_cleanly else self.broker_id
                 log.info("%s/%d: led at epoch %d before this start: handing it to broker %d "
                          "at the next epoch", p.stream, p.partition, p.leader_epoch, leader)
                 changes.append(ChangeLeader(p.stream, p.partition, p.leader_epoch, leader))

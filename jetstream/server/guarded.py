@@ -51,6 +51,9 @@ from jetstream.stream.log import Log, wall_clock_ms
 
 _log = logging.getLogger(__name__)
 
+#: After a failed read of the log's tail, the guard's next try.
+LOAD_RETRY_S = 1.0
+
 EXPECTED_OFFSET = "Jetstream-Expected-Offset"
 NATS_EXPECTED_LAST_SEQUENCE = "Nats-Expected-Last-Sequence"
 CHECK_REGISTERS = "Jetstream-Check-Registers"
@@ -76,17 +79,62 @@ def limits_for(stream: StreamConfig, config: BrokerConfig) -> GuardLimits:
 
 
 class PartitionGuard:
-    """A leader's guard: None until `load` rebuilt it from the log. On a compacted stream
-    `load` reads the log's tail only; `load_older_keys` (run by the leader once it serves)
-    reads the keys of the older records, and until it has, a key expectation waits for it
-    (`keys_loaded`)."""
+    """A leader's guard: None until `load` rebuilt it from the log. A leader serves at once
+    (`serve`) and reads its guard from the log when an append first needs it: one with
+    expectations, or any on a stream that tracks keys (`must_wait`); that append waits for
+    it (`loaded`), and plain appends meanwhile carry nothing the guard would remember, so a
+    broker starting thousands of leaders reads no log for those that never see an
+    expectation. On a compacted stream `load` reads the log's tail only; then
+    `load_older_keys` reads the keys of the older records, and until it has, a key
+    expectation waits for it (`keys_loaded`)."""
 
     def __init__(self, stream: StreamConfig, config: BrokerConfig) -> None:
         self._stream = stream
         self._config = config
         self.guard: Guard | None = None
+        self._source: tuple[Log, Executor | None, str] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loaded = asyncio.Event()
         self._older_keys = asyncio.Event()
         self._older_keys.set()
+
+    def serve(self, log: Log, executor: Executor | None, name: str) -> None:
+        """The leader serves from now on: appends the guard must judge wait for it, and the
+        first of them has it read from `log` (a task named `name`)."""
+        self._source = (log, executor, name)
+
+    def must_wait(self, has_expectations: bool) -> bool:
+        """An append the guard must judge comes before the guard is loaded."""
+        return self._source is not None and self.guard is None and (
+            has_expectations or self._stream.cleanup_policy.compacts)
+
+    async def loaded(self) -> None:
+        """Until the guard is loaded (read from the log now if nothing asked before), or
+        `release` (the leader stops: then `guard` may still be None)."""
+        if self._task is None and self._source is not None and not self._loaded.is_set():
+            log, executor, name = self._source
+            self._task = asyncio.create_task(self._load_until_done(log, executor), name=name)
+        await self._loaded.wait()
+
+    def release(self) -> None:
+        """The leader stops: no more loading, and every `loaded` waiter goes."""
+        if self._task is not None:
+            self._task.cancel()
+        self._loaded.set()
+
+    async def _load_until_done(self, log: Log, executor: Executor | None) -> None:
+        """`load`, tried again after a failure (an IO error reading the log) until it
+        succeeded or the leader stops (cancelling it); then the older keys, if any."""
+        while True:
+            try:
+                await self.load(log, executor)
+                break
+            except Exception:
+                _log.exception("%s: reading the log's tail for the guard failed: again in "
+                               "%.1f s", log.directory, LOAD_RETRY_S)
+                await asyncio.sleep(LOAD_RETRY_S)
+        if self.keys_pending:
+            await self.load_older_keys(log, executor)
 
     async def load(self, log: Log, executor: Executor | None) -> None:
         """Rebuild from the log (in a worker thread: it reads the log's tail)."""
@@ -97,6 +145,7 @@ class PartitionGuard:
         if guard.track_keys and guard.keys_from > log.log_start_offset:
             self._older_keys.clear()
         self.guard = guard
+        self._loaded.set()
 
     @property
     def keys_pending(self) -> bool:

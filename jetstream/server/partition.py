@@ -77,7 +77,7 @@ from jetstream.server import leader_isr
 from jetstream.server.batched_calls import BatchedCalls
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
-from jetstream.server.guarded import PartitionGuard, judge_direct
+from jetstream.server.guarded import PartitionGuard, expectations, judge_direct
 from jetstream.server.housekeeping import Housekeeping
 from jetstream.server.ingest_batch import (
     IngestBatch,
@@ -190,7 +190,8 @@ class PartitionLeader:
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._open_tier(), name=f"tier {self.name}"))
         if not is_internal(self.stream.name):  # no expectations there: no log to read
-            await self.guarded.load(self.log, self._executor)
+            # Read from the log when an append first needs it (the others do not wait).
+            self.guarded.serve(self.log, self._executor, f"guard {self.name}")
         if self._replication is not None:
             self._start_replication(self._replication)
         if not is_internal(self.stream.name):  # internal streams take only append_direct
@@ -201,9 +202,6 @@ class PartitionLeader:
                                                    name=f"ingest {self.name}"))
         if self._always:
             self._tasks.append(asyncio.create_task(self._sync_loop(), name=f"sync {self.name}"))
-        if self.guarded.keys_pending:  # a compacted log's older keys, read while serving
-            self._tasks.append(asyncio.create_task(
-                self.guarded.load_older_keys(self.log, self._executor), name=f"keys {self.name}"))
         self._housekeeping.start()
 
     def _start_replication(self, replication: Replication) -> None:
@@ -242,6 +240,7 @@ class PartitionLeader:
             with contextlib.suppress(Exception):
                 await sub.close()
         await self._cancel_tasks()
+        self.guarded.release()
         return sub
 
     async def _cancel_tasks(self) -> None:
@@ -327,6 +326,12 @@ class PartitionLeader:
         refuse_all = self._refuse_all()
         batch = take_messages(msgs, self.stream, refuse_all, self._not_enough_replicas)
         self.metrics.errors += len(batch.errors)
+        if self.guarded.must_wait(batch.expects is not None):
+            await self.guarded.loaded()
+            if self.guarded.guard is None:  # stopping before the guard was loaded
+                await self._publish_errors(refusals(
+                    msgs, NotLeader(self.stream.name, self.state.partition)))
+                return
         if self.guarded.keys_pending and asks_key_offsets(batch):
             await self.guarded.keys_loaded()
         info: AppendInfo | None = None
@@ -417,6 +422,10 @@ class PartitionLeader:
         if policy is _ALL and self._refuse_all():
             raise self._not_enough_replicas()
         await self._tier_ready.wait()
+        if expect is None:  # a message id in the records' headers asks too
+            expect = expectations(records[0].headers)
+        if self.guarded.must_wait(expect is not None):
+            await self.guarded.loaded()
         if self._stopping or (expect is not None and self.guarded.guard is None):
             raise NotLeader(self.stream.name, self.state.partition)  # not (yet) leading
         if expect is not None and expect.expected_key_offset is not None:
