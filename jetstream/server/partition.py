@@ -48,14 +48,12 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
 
 from jetstream.errors import (
-    CorruptRecord,
     JetstreamError,
     NotEnoughReplicas,
     NotLeader,
@@ -87,6 +85,7 @@ from jetstream.server.ingest_batch import (
     take_messages,
 )
 from jetstream.server.leader_isr import Replication, SessionWatch
+from jetstream.server.leader_reads import LeaderReads, ReadAround
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.mirror_writes import mirror_error, refusals
 from jetstream.server.nats_port import NatsPort, Subscription
@@ -104,11 +103,6 @@ log = logging.getLogger(__name__)
 
 _ALL = AckPolicy.ALL
 
-#: Heals or serves around damage a leader's read met (jetstream.server.integrity): None to
-#: read again, or a healthy copy to serve.
-ReadAround = Callable[[tuple[str, int], Log, CorruptRecord, int, int],
-                      Awaitable[FileSlice | None]]
-
 
 @dataclass(slots=True)
 class PendingBatch:
@@ -123,7 +117,7 @@ class PendingBatch:
     all_targets: list[tuple[str, str | None]] = field(default_factory=list)
 
 
-class PartitionLeader:
+class PartitionLeader(LeaderReads):
     def __init__(
         self,
         stream: StreamConfig,
@@ -592,49 +586,7 @@ class PartitionLeader:
                 (inbox, ack_codec.encode_error_ack(stream, partition, corr, exc))
                 for inbox, corr, exc in errors])
 
-    # -- reads --------------------------------------------------------------------------------
-
-    async def read(self, offset: int, max_bytes: int, max_wait_ms: int,
-                   committed: bool = True, hw_seen: int | None = None, *,
-                   verify: bool = False) -> FileSlice:
-        """Batches from `offset`, never at or past the HW (with `committed`), waiting up to
-        `max_wait_ms` for data when the reader is caught up, or (with `hw_seen`) until the HW
-        passes `hw_seen`. Damage met on the way is healed or served around
-        (jetstream.server.integrity); `verify` checks even bytes counted as checked."""
-        deadline = time.monotonic() + max_wait_ms / 1000
-        while True:
-            bound = self.high_watermark if committed else self.log.log_end_offset
-            if bound < offset <= self.log.log_end_offset:
-                piece = FileSlice(-1, 0, 0, offset, offset)  # ahead of the HW: wait for it
-            else:
-                # Consumers pass over batches compaction emptied; a replica copies them.
-                piece = await self._read_log(offset, max_bytes, bound, committed, verify)
-            remaining = deadline - time.monotonic()
-            if piece.length or remaining <= 0 or self._stopping or (
-                    hw_seen is not None and self.high_watermark > hw_seen):
-                return piece
-            changed = self._hw_changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
-
-    async def _read_log(self, offset: int, max_bytes: int, bound: int, skip_empty: bool,
-                        verify: bool) -> FileSlice:
-        if skip_empty and self.tier is not None and offset < self.log.log_start_offset:
-            # A consumer's read of offloaded offsets (a replica copies only what is local).
-            return await self.tier.read(offset, max_bytes, bound, self.log)
-        try:
-            return self.log.read(offset, max_bytes, upper_bound=bound, skip_empty=skip_empty,
-                                 verify=verify)
-        except CorruptRecord as exc:
-            if self._read_around is None:
-                raise
-            served = await self._read_around((self.stream.name, self.state.partition),
-                                             self.log, exc, offset, bound)
-            if served is not None:
-                return served
-        # Healed: read again (damage found again raises).
-        return self.log.read(offset, max_bytes, upper_bound=bound, skip_empty=skip_empty,
-                             verify=verify)
+    # -- reads (the rest in jetstream.server.leader_reads) -------------------------------------
 
     async def replica_fetch(self, replica_id: int, offset: int, leader_epoch: int,
                             max_bytes: int, max_wait_ms: int, unfit: Unfit = "", *,
@@ -657,12 +609,6 @@ class PartitionLeader:
         await self._apply(leader_isr.follower_fetch(
             self.isr, self.state, self.log, self._stopping, replica_id, offset, leader_epoch,
             unfit))
-
-    async def replica_read(self, offset: int, max_bytes: int, *, verify: bool = False
-                           ) -> FileSlice:
-        """Batches from `offset` up to the LEO for a follower, without waiting (a fetch
-        session waits for all its partitions at once)."""
-        return await self._read_log(offset, max_bytes, self.log.log_end_offset, False, verify)
 
     def log_start_moved(self) -> None:
         """Retention deleted segments: followers fetching through sessions learn the new log

@@ -55,9 +55,10 @@ from jetstream.server.epoch_fence import EpochFence, PartitionKey
 from jetstream.server.fetch_sessions import FetchSessions
 from jetstream.server.follower import PartitionFollower
 from jetstream.server.leader_isr import Replication
+from jetstream.server.leader_reads import ReadAround
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort
-from jetstream.server.partition import PartitionLeader, ReadAround
+from jetstream.server.partition import PartitionLeader
 from jetstream.server.replica_fetcher import ReplicaFetchers
 from jetstream.server.scheduler import Scheduler
 from jetstream.stream.checkpoint import write_atomic
