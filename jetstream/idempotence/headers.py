@@ -56,6 +56,15 @@ def check_producer(producer_id: object, epoch: object, sequence: object,
         raise ProtocolError("producer_resume must be true or false", field="producer_resume")
 
 
+def check_stamp(stamp: object) -> None:
+    """An idempotent producer's stamp, as given: [producer id, epoch, sequence] or
+    [producer id, epoch, sequence, resume] (a list or a tuple), each part checked."""
+    if not isinstance(stamp, list | tuple) or len(stamp) not in (3, 4):
+        raise ProtocolError("producer must be [producer id, epoch, sequence] or "
+                            "[producer id, epoch, sequence, resume]", field="producer")
+    check_producer(*stamp)
+
+
 def check_registers(value: object, field: str) -> dict[str, str]:
     """Register labels from a request (the same rules as stream labels)."""
     try:

@@ -143,10 +143,7 @@ class Envelope:
         if self.msg_id is not None:
             idem.check_msg_id(self.msg_id)
         if self.producer is not None:
-            if not isinstance(self.producer, list | tuple) or len(self.producer) not in (3, 4):
-                raise _bad("producer", "must be [producer id, epoch, sequence] or "
-                           "[producer id, epoch, sequence, resume]")
-            idem.check_producer(*self.producer)
+            idem.check_stamp(self.producer)
             object.__setattr__(self, "producer", tuple(self.producer))
         for name, low in (("expected_offset", 0), ("expected_last_offset_for_key", -1)):
             value = getattr(self, name)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -242,7 +242,7 @@ def from_envelope(envelope: Envelope) -> Expectations | None:
 
 
 def expectations(record_headers: Mapping[str, Any], *, msg_id: str | None = None,
-                 producer: tuple[Any, ...] | None = None,
+                 producer: Sequence[Any] | None = None,
                  expected_offset: int | None = None, expected_key_offset: int | None = None,
                  check_registers: str | None = None,
                  union_registers: Mapping[str, str] | None = None,
@@ -260,10 +260,7 @@ def expectations(record_headers: Mapping[str, Any], *, msg_id: str | None = None
         h.check_msg_id(msg_id)
     stamp = None
     if producer is not None:
-        if not isinstance(producer, tuple) or len(producer) not in (3, 4):
-            raise ProtocolError("producer must be [producer id, epoch, sequence] or "
-                                "[producer id, epoch, sequence, resume]", field="producer")
-        h.check_producer(*producer)
+        h.check_stamp(producer)
         stamp = ProducerSequence(*producer)
     for name, value, low in (("expected_offset", expected_offset, 0),
                              ("expected_last_offset_for_key", expected_key_offset, -1)):
@@ -325,11 +322,10 @@ def _labels(headers: Mapping[str, str], name: str) -> dict[str, str] | None:
 
 def judge_direct(guarded: PartitionGuard, log: Log, records: list[Record],
                  expect: Expectations | None) -> int | tuple[list[Record], Pass | None]:
-    """Judge one publish of `records` that did not come through NATS: the original offset
-    of a retry, or the records to append (with the guard's headers) and the pass to commit
-    after the append. Raises the refusal."""
-    if expect is None:
-        expect = expectations(records[0].headers)
+    """Judge one publish of `records` that did not come through NATS, whose expectations
+    are `expect` (those of its records' headers included; None: it has none): the original
+    offset of a retry, or the records to append (with the guard's headers) and the pass to
+    commit after the append. Raises the refusal."""
     if not guarded.needed(expect is not None):
         return records, None
     guard_pass = guarded.begin(log)
@@ -356,10 +352,8 @@ def from_http(headers: Mapping[str, str], body: Mapping[str, Any],
     from_headers = from_nats_headers(asked) if asked else None
     if isinstance(from_headers, str):
         from_headers = Expectations(from_headers)
-    producer = body.get("producer")
     from_body = expectations(
-        records[0].headers, msg_id=body.get("msg_id"),
-        producer=tuple(producer) if isinstance(producer, list) else producer,
+        records[0].headers, msg_id=body.get("msg_id"), producer=body.get("producer"),
         expected_offset=body.get("expected_offset"),
         expected_key_offset=body.get("expected_last_offset_for_key"),
         check_registers=body.get("check_registers"),
