@@ -258,13 +258,14 @@ def _samples(first: int, count: int) -> range:
 
 
 async def _lag_run(nats_url: str, subject: str, rate: int, warmup_s: float, measure_s: float,
-                   high: Callable[[int], Awaitable[int]], held: Callable[[], Awaitable[int]]
-                   ) -> tuple[JsonObject, LoadResult, int]:
+                   high: Callable[[int], Awaitable[int]], held: Callable[[], Awaitable[int]],
+                   stamp_at: Callable[[int], Awaitable[int]]) -> JsonObject:
     """The paced publish of `subject` with the poller of its copy beside it: the lag
-    figures over the records due after the warm-up, the publish's result and how many
-    records the source holds (`held()` once the publish is over: fewer than were sent if
-    some were lost, and then the offsets after a lost one were due up to that many
-    intervals later than counted)."""
+    figures over the records due after the warm-up, with how many records the source holds
+    (`held()` once the publish is over: fewer than were sent if some were lost, and then the
+    offsets after a lost one were due up to that many intervals later than counted), and
+    the generator's send lag read back from SEND_LAG_SAMPLES of them (`stamp_at(offset)`:
+    the stamp of the source's record at `offset`)."""
     load = _paced(subject, rate, warmup_s + measure_s)
     wanted, first = [load.count or 0], round(rate * warmup_s)
     poller = asyncio.create_task(poll_arrivals(high, lambda: wanted[0],
@@ -276,11 +277,14 @@ async def _lag_run(nats_url: str, subject: str, rate: int, warmup_s: float, meas
     finally:
         poller.cancel()
     lags = arrival_lags_s(polls, result.start_ns, rate, first, wanted[0])
+    sent = [(await stamp_at(offset) - result.start_ns) / 1e9 - offset / rate
+            for offset in _samples(first, wanted[0])]
     return {**_publish_figures(result, rate), "records": len(lags), "polls": len(polls),
             **copy_figures(polls, result.start_ns + round(warmup_s * 1e9)),
             "lag_s_first": float(lags[0]), "lag_s_last": float(lags[-1]),
             "source_records": wanted[0], "lost": (load.count or 0) - wanted[0],
-            "poll_interval_s": ARRIVAL_POLL_S, **_spread(lags, "lag_s")}, result, wanted[0]
+            "poll_interval_s": ARRIVAL_POLL_S, **_spread(lags, "lag_s"),
+            **_spread(sent, "send_lag_s")}
 
 
 async def lag(a: BrokerProcess, b: BrokerProcess, nats_a: str, rate: int, warmup_s: float,
@@ -301,15 +305,14 @@ async def lag(a: BrokerProcess, b: BrokerProcess, nats_a: str, rate: int, warmup
         async def held() -> int:
             return await _hw(ja, "lagsrc")
 
-        figures, result, count = await _lag_run(nats_a, "lagsrc", rate, warmup_s, measure_s,
-                                                high, held)
-        await jb.delete_datastream("lag")
-        sent = []
-        for offset in _samples(round(rate * warmup_s), count):
+        async def stamp_at(offset: int) -> int:
             found = (await ja.fetch("lagsrc", 0, offset, max_bytes=1)).messages
-            stamp = next(int(m.value[:STAMP_DIGITS]) for m in found if m.offset == offset)
-            sent.append((stamp - result.start_ns) / 1e9 - offset / rate)
-    return {**figures, **_spread(sent, "send_lag_s")}
+            return next(int(m.value[:STAMP_DIGITS]) for m in found if m.offset == offset)
+
+        figures = await _lag_run(nats_a, "lagsrc", rate, warmup_s, measure_s, high, held,
+                                 stamp_at)
+        await jb.delete_datastream("lag")
+    return figures
 
 
 async def js_lag(server: NatsServer, rate: int, warmup_s: float, measure_s: float
@@ -327,16 +330,14 @@ async def js_lag(server: NatsServer, rate: int, warmup_s: float, measure_s: floa
         async def held() -> int:
             return int((await js.stream_info("ORIGINLAG")).state.last_seq)
 
-        figures, result, count = await _lag_run(server.url, "originlag", rate, warmup_s,
-                                                measure_s, high, held)
-        sent = []
-        for offset in _samples(round(rate * warmup_s), count):
+        async def stamp_at(offset: int) -> int:
             found = await js.get_msg("ORIGINLAG", seq=offset + 1)
-            stamp = int((found.data or b"")[:STAMP_DIGITS])
-            sent.append((stamp - result.start_ns) / 1e9 - offset / rate)
+            return int((found.data or b"")[:STAMP_DIGITS])
+
+        return await _lag_run(server.url, "originlag", rate, warmup_s, measure_s, high, held,
+                              stamp_at)
     finally:
         await nc.close()
-    return {**figures, **_spread(sent, "send_lag_s")}
 
 
 async def parquet(a: BrokerProcess, path: Path, messages: int) -> JsonObject:
