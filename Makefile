@@ -46,11 +46,15 @@ test: lint
 LOADGEN = bench/loadgen/build/loadgen
 LOADGEN_CFLAGS ?= -O2 -g -Wall -Wextra -pthread
 
+# TLS (OpenSSL) is built in when its headers are there (Debian/Ubuntu: libssl-dev).
+LOADGEN_TLS := $(shell $(CC) -E -include openssl/ssl.h -x c /dev/null >/dev/null 2>&1 && echo yes)
+LOADGEN_LIBS := $(if $(LOADGEN_TLS),-DLOADGEN_TLS -lssl -lcrypto)
+
 loadgen: $(LOADGEN)
 
 $(LOADGEN): bench/loadgen/loadgen.c
 	@mkdir -p $(@D)
-	$(CC) $(LOADGEN_CFLAGS) -o $@ $<
+	$(CC) $(LOADGEN_CFLAGS) -o $@ $< $(LOADGEN_LIBS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info bench/loadgen/build

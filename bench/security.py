@@ -14,16 +14,20 @@ Theory of operation
   (create, delete, read on the stream `sec*`) that a super user added first; a stream's
   creation needs `create`, each catch-up fetch `read`. Plain (`off`): the same processes and
   workloads without any of it. (Ingest comes through NATS, which no ACL sees.)
-- Ingest: bench.common's pipelined raw nats-py publisher (`nc.publish(subject, payload,
-  reply=inbox.N)`, `window` un-acked), 128 B messages; R1 with ack `leader`, R3 (3 brokers,
-  min_isr 2) with ack `all`. Catch-up: a stream filled beforehand, then read whole from the
-  earliest offset by the Python client's `subscribe` (fetches over the socket API).
+- Ingest: the compiled load generator (bench.loadgen: requests with `window` un-acked on
+  one connection, over TLS with the client's certificate on the secured side), 128 B
+  messages; R1 with ack `leader`, R3 (3 brokers, min_isr 2) with ack `all`. Its ceiling is
+  measured on each side's own nats-server: the same load answered by the no-op responder
+  (over TLS on the secured side), and `generator_headroom` is that rate ÷ the rate measured
+  (≥ 2: the generator did not limit the run). Catch-up: a stream filled beforehand, then
+  read whole from the earliest offset by the Python client's `subscribe` (fetches over the
+  socket API).
 - CPU per message: user+system seconds of the brokers and of the nats-server over the run,
   from /proc, divided by the messages; wall rates compare machines, CPU compares code. The
   `*_cpu_ratio` figures are that cost plain ÷ secured: what a machine the servers saturate
   would see, and steady when other work shares the cores (wall ratios then are not). The
-  load generator is this process: its CPU share of one core during each run is reported
-  (`loadgen_cpu_share`); below ~0.9 it was not what limited the run.
+  load generator's CPU share of one core during each run is reported (`loadgen_cpu_share`:
+  the generator process for ingest, this process, the reader, for catch-up).
 - Metadata Raft: three RaftMetadata nodes in this process on loopback, with and without a
   password; one proposer committing one command at a time (commit latency p50/p99), then 64
   proposers at once (commits per second).
@@ -49,7 +53,8 @@ from pathlib import Path
 from typing import Any
 
 import jetstream
-from bench.common import JsonObject, bench_main, cpu_seconds, percentile, publish_pipelined
+from bench.common import JsonObject, bench_main, cpu_seconds, percentile
+from bench.loadgen import Load, LoadTls, responder, run_load
 from bench.replication import OurCluster
 from jetstream.natsd import ServerTls, free_ports
 from jetstream.raft_meta.fsm import RegisterBroker
@@ -57,7 +62,6 @@ from jetstream.raft_meta.model import BrokerInfo
 from jetstream.raft_meta.raft import RaftMetadata
 from jetstream.security.auth import hash_password
 from jetstream.security.certs import ensure_leaves
-from jetstream.security.tls import client_context
 
 PAYLOAD = b"x" * 128
 #: The secured brokers' users: a super user that grants the ACLs, and the bench's client.
@@ -67,6 +71,7 @@ GRANTS = [{"principal": "bench", "permission": "allow", "operation": operation,
            "resource_type": "stream", "pattern": "sec*"}
           for operation in ("create", "delete", "read")]
 SUBJECT = "sec.in"
+NOOP_SUBJECT = "sec.noop"
 DEADLINE_S = 60.0
 
 
@@ -134,11 +139,12 @@ class Setup(OurCluster):
         return {"tls_ca": f["ca"], "tls_cert": f["broker"], "tls_key": f["broker_key"],
                 "user": user, "password": PASSWORDS[user]}
 
-    def nats_options(self) -> dict[str, Any]:
+    def load_tls(self) -> LoadTls | None:
+        """The load generator's TLS: the client's certificate, as nats-server requires."""
         if not self.tls:
-            return {}
+            return None
         f = self.files
-        return {"tls": client_context(f["ca"], f["client"], f["client_key"])}
+        return LoadTls(f["ca"], f["client"], f["client_key"])
 
     def connect(self, user: str = "bench") -> jetstream.Client:
         return jetstream.connect(",".join(b.address for b in self.brokers),
@@ -149,32 +155,54 @@ class Setup(OurCluster):
         return sum(cpu_seconds(b.pid) for b in self.brokers), cpu_seconds(self.nats.pid)
 
 
-async def measured(setup: Setup, messages: int, work: Callable[[], Awaitable[float]]
-                   ) -> JsonObject:
-    """Run `work` (returns messages per second) with the CPU of every process counted."""
+#: A measured run's messages per second and its load generator's CPU seconds (None: the
+#: generator is this process).
+Work = Callable[[], Awaitable[tuple[float, float | None]]]
+
+
+async def measured(setup: Setup, messages: int, work: Work) -> JsonObject:
+    """Run `work` with the CPU of every process counted."""
     brokers_before, nats_before = setup.cpu()
     own_before, wall_before = time.process_time(), time.perf_counter()
-    rate = await work()
+    rate, generator_cpu = await work()
     own, wall = time.process_time() - own_before, time.perf_counter() - wall_before
     brokers_after, nats_after = setup.cpu()
     return {"msgs_per_s": rate,
             "broker_cpu_us_per_msg": (brokers_after - brokers_before) / messages * 1e6,
             "nats_cpu_us_per_msg": (nats_after - nats_before) / messages * 1e6,
-            "loadgen_cpu_share": own / wall}
+            "loadgen_cpu_share": (own if generator_cpu is None else generator_cpu) / wall}
+
+
+def load(setup: Setup, plan: Plan, messages: int, subject: str = SUBJECT) -> Load:
+    return Load(subject, size=len(PAYLOAD), inflight=plan.window, count=messages,
+                tls=setup.load_tls())
+
+
+async def publish(setup: Setup, plan: Plan, messages: int) -> tuple[float, float]:
+    """`messages` acknowledged by the brokers: the rate and the generator's CPU seconds."""
+    result = await run_load(setup.nats.url, load(setup, plan, messages))
+    if result.errors or result.acked != messages:
+        raise RuntimeError(f"{result.acked} of {messages} acknowledged, {result.errors} "
+                           "error acks")
+    return result.msgs_per_s, result.generator_cpu_s
 
 
 async def ingest(setup: Setup, plan: Plan, messages: int) -> JsonObject:
-    async def work() -> float:
-        run = await publish_pipelined(setup.nats.url, [(SUBJECT, PAYLOAD, None)] * messages,
-                                      plan.window, **setup.nats_options())
-        if run["errors"]:
-            raise RuntimeError(f"{run['errors']} error acks")
-        return float(run["puts_per_s"])
-    return await measured(setup, messages, work)
+    return await measured(setup, messages, lambda: publish(setup, plan, messages))
+
+
+async def ceiling(setup: Setup, plan: Plan, messages: int) -> float:
+    """The generator's own rate with the same load through this side's nats-server, answered
+    by the no-op responder."""
+    with responder(setup.nats.url, NOOP_SUBJECT, tls=setup.load_tls()):
+        result = await run_load(setup.nats.url, load(setup, plan, messages, NOOP_SUBJECT))
+    if result.acked != messages or result.no_responders:
+        raise RuntimeError(f"the no-op responder answered {result.acked} of {messages}")
+    return result.msgs_per_s
 
 
 async def catchup(setup: Setup, plan: Plan) -> JsonObject:
-    async def work() -> float:
+    async def work() -> tuple[float, float | None]:
         async with setup.connect() as js:
             started, seen = time.perf_counter(), 0
             async for _msg in js.subscribe("sec", start=jetstream.Start.EARLIEST,
@@ -182,7 +210,7 @@ async def catchup(setup: Setup, plan: Plan) -> JsonObject:
                 seen += 1
             if seen != plan.catchup:
                 raise RuntimeError(f"read {seen} of {plan.catchup}")
-            return seen / (time.perf_counter() - started)
+            return seen / (time.perf_counter() - started), None
     return await measured(setup, plan.catchup, work)
 
 
@@ -203,13 +231,14 @@ async def r1(work: Path, plan: Plan) -> JsonObject:
                 await js.create_stream("sec", SUBJECT, ack_policy="leader")
         progress("R1 ingest, TLS off and on")
         ingests = await alternate(sides, plan, lambda s: ingest(s, plan, plan.messages))
+        with_headroom(ingests, {name: await ceiling(setup, plan, plan.messages)
+                                for name, setup in sides.items()})
         for name, setup in sides.items():
             async with setup.connect() as js:
                 await js.delete_stream("sec")
                 await js.create_stream("sec", SUBJECT, ack_policy="leader", fsync="never")
             progress(f"filling {plan.catchup} messages to read, TLS {name}")
-            await publish_pipelined(setup.nats.url, [(SUBJECT, PAYLOAD, None)] * plan.catchup,
-                                    plan.window, **setup.nats_options())
+            await publish(setup, plan, plan.catchup)
         progress("R1 catch-up reads, TLS off and on")
         reads = await alternate(sides, plan, lambda s: catchup(s, plan))
         return {"ingest": ingests, "catchup": reads}
@@ -223,7 +252,18 @@ async def r3(work: Path, plan: Plan) -> JsonObject:
                 await js.create_stream("sec", SUBJECT, ack_policy="all", replication_factor=3,
                                        min_isr=2)
         progress("R3 ingest, TLS off and on")
-        return await alternate(sides, plan, lambda s: ingest(s, plan, plan.r3_messages))
+        ingests = await alternate(sides, plan, lambda s: ingest(s, plan, plan.r3_messages))
+        with_headroom(ingests, {name: await ceiling(setup, plan, plan.r3_messages)
+                                for name, setup in sides.items()})
+        return ingests
+
+
+def with_headroom(sides: JsonObject, ceilings: dict[str, float]) -> None:
+    """Add to each side the generator's ceiling there and its headroom over the rate."""
+    for name, rate in ceilings.items():
+        side = sides[name]
+        side["generator_ceiling_msgs_per_s"] = rate
+        side["generator_headroom"] = round(rate / float(side["msgs_per_s"]), 2)
 
 
 async def alternate(sides: dict[str, Setup], plan: Plan,
@@ -304,6 +344,9 @@ async def run(quick: bool) -> JsonObject:
         "tls_ingest_cpu_ratio": cpu_ratio(r1_runs["ingest"]),
         "tls_catchup_cpu_ratio": cpu_ratio(r1_runs["catchup"]),
         "tls_r3_ingest_cpu_ratio": cpu_ratio(r3_runs),
+        "generator_headroom": min(float(runs[side]["generator_headroom"])
+                                  for runs in (r1_runs["ingest"], r3_runs)
+                                  for side in ("off", "on")),
         "authorization": "on in the secured setups: password authentication and ACL checks "
                          "of every socket request (the ratios are TLS + authorization ÷ off)",
         "r1_ingest": r1_runs["ingest"], "r1_catchup": r1_runs["catchup"],
@@ -329,6 +372,8 @@ def table(r: JsonObject) -> str:
                     f"{r[ratio_key + '_ratio']:>8.2f}{r[ratio_key + '_cpu_ratio']:>10.2f}"
                     f"{off['broker_cpu_us_per_msg']:>12.1f}/{on['broker_cpu_us_per_msg']:<11.1f}"
                     f"{off['loadgen_cpu_share']:>7.2f}/{on['loadgen_cpu_share']:.2f}")
+    rows.append(f"load generator headroom (its ceiling on the same nats-server ÷ the rate, "
+                f"lowest of the ingest runs): {r['generator_headroom']:.1f}x")
     raft = r["raft"]
     rows += ["", (f"metadata Raft commit p50 {raft['off']['commit_p50_ms']:.2f} ms -> "
              f"{raft['on']['commit_p50_ms']:.2f} ms with the password; 64 proposers "

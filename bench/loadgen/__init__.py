@@ -13,6 +13,8 @@ nothing, so a request run against it through core NATS is the generator's own ce
 which a bench compares with the rates it reports for the systems it measures. A load may
 name a file of messages (`write_messages`) instead of one subject and payload: each process
 sends its share of the list in turn, so a counted run sends each listed message once.
+With `LoadTls` the generator (and the responder) speak TLS to a server that requires it,
+presenting a client certificate when given one.
 """
 
 from __future__ import annotations
@@ -71,6 +73,26 @@ def ensure_built() -> Path:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadTls:
+    """TLS for the generator's connections: the CA that signed the server's certificate, and
+    the client's certificate and key when the server asks for one."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("a client certificate comes with its key")
+
+    def args(self) -> list[str]:
+        out = ["--tls-ca", self.ca]
+        if self.cert is not None and self.key is not None:
+            out += ["--tls-cert", self.cert, "--tls-key", self.key]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class Load:
     """One run of requests: `count` in all or for `duration_s` after `warmup_s`; `rate`
     (messages a second in all) paces them; `stamp` puts the send time in each payload.
@@ -89,6 +111,7 @@ class Load:
     stamp: bool = False
     timeout_s: float = 60.0
     messages: Path | None = None
+    tls: LoadTls | None = None
 
     def __post_init__(self) -> None:
         if (self.count is None) == (self.duration_s is None):
@@ -124,6 +147,8 @@ def command(binary: Path, url: str, load: Load, process: int, start_at_ns: int) 
         args += ["--rate", str(load.rate / load.processes)]
     if load.stamp:
         args.append("--stamp")
+    if load.tls is not None:
+        args += load.tls.args()
     return args
 
 
@@ -242,12 +267,14 @@ async def publish_listed(url: str, messages: Sequence[tuple[str, bytes, Mapping[
 
 
 @contextlib.contextmanager
-def responder(url: str, subject: str, conns: int = 1) -> Iterator[int]:
+def responder(url: str, subject: str, conns: int = 1,
+              tls: LoadTls | None = None) -> Iterator[int]:
     """The no-op peer: `conns` connections answering every request on `subject` with "+OK"
     (queue group "loadgen"), storing nothing; yields its PID, killed by PID on exit."""
     binary = ensure_built()
     proc = subprocess.Popen([str(binary), "--mode", "respond", "--url", url,
-                             "--subject", subject, "--conns", str(conns)],
+                             "--subject", subject, "--conns", str(conns),
+                             *(tls.args() if tls is not None else ())],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None

@@ -26,6 +26,11 @@
  *   answer every message that has a reply subject with "+OK", storing nothing: the no-op
  *   peer whose rate is the generator's own ceiling. It prints "ready" once subscribed and
  *   runs until killed (or --duration).
+ * - TLS (--tls-ca, with --tls-cert and --tls-key for a client certificate): after the
+ *   server's INFO, which NATS sends in clear, the connection carries on over TLS (OpenSSL,
+ *   the server's certificate checked against the CA and the host); every read and write
+ *   after that goes through it. Built in only when OpenSSL's headers are there (`make
+ *   loadgen` looks for them); a binary without it refuses --tls-ca and says what to install.
  * - Output (request mode): one JSON object on stdout with counts, the run's CLOCK_MONOTONIC
  *   start and end, this process's CPU seconds and the histogram as sparse [index, count]
  *   pairs (values in ns), which bench/loadgen/histogram.py reads and merges.
@@ -48,6 +53,11 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef LOADGEN_TLS
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#endif
 
 #define SUB_BUCKET_BITS 7
 #define SUB_BUCKETS (1 << SUB_BUCKET_BITS)
@@ -75,6 +85,9 @@ typedef struct {
     long long start_at_ns;
     const char *messages;
     long long first_message;
+    const char *tls_ca;
+    const char *tls_cert;
+    const char *tls_key;
 } options_t;
 
 typedef struct {
@@ -86,6 +99,7 @@ typedef struct {
 
 typedef struct {
     int fd;
+    void *ssl;  /* the connection's SSL once upgraded to TLS, else NULL */
     char *in;
     size_t in_len, in_cap;
     char *out;
@@ -158,12 +172,95 @@ static void out_printf(conn_t *c, const char *fmt, ...) {
     c->out_len += (size_t)n;
 }
 
+/* -- TLS -------------------------------------------------------------------------------- */
+
+#ifdef LOADGEN_TLS
+static SSL_CTX *tls_ctx;
+
+static void die_tls(const char *what) {
+    char reason[256] = "";
+    unsigned long e = ERR_get_error();
+    if (e) ERR_error_string_n(e, reason, sizeof reason);
+    die("%s: %s", what, reason[0] ? reason : "(no OpenSSL error)");
+}
+
+static void tls_setup(void) {
+    tls_ctx = SSL_CTX_new(TLS_client_method());
+    if (!tls_ctx) die_tls("cannot make a TLS context");
+    SSL_CTX_set_verify(tls_ctx, SSL_VERIFY_PEER, NULL);
+    if (SSL_CTX_load_verify_locations(tls_ctx, opt.tls_ca, NULL) != 1)
+        die_tls("cannot load --tls-ca");
+    if (opt.tls_cert) {
+        if (SSL_CTX_use_certificate_chain_file(tls_ctx, opt.tls_cert) != 1)
+            die_tls("cannot load --tls-cert");
+        if (SSL_CTX_use_PrivateKey_file(tls_ctx, opt.tls_key, SSL_FILETYPE_PEM) != 1)
+            die_tls("cannot load --tls-key");
+        if (SSL_CTX_check_private_key(tls_ctx) != 1)
+            die_tls("--tls-key does not match --tls-cert");
+    }
+}
+
+/* Carries on over TLS on c's socket, checking the server's certificate for opt.host. */
+static void tls_upgrade(conn_t *c) {
+    SSL *ssl = SSL_new(tls_ctx);
+    if (!ssl) die_tls("cannot make a TLS connection");
+    X509_VERIFY_PARAM *param = SSL_get0_param(ssl);
+    if (X509_VERIFY_PARAM_set1_ip_asc(param, opt.host) != 1) {  /* not an IP: a host name */
+        SSL_set_tlsext_host_name(ssl, opt.host);
+        if (SSL_set1_host(ssl, opt.host) != 1) die_tls("bad host name");
+    }
+    if (SSL_set_fd(ssl, c->fd) != 1) die_tls("cannot attach TLS to the socket");
+    if (SSL_connect(ssl) != 1) die_tls("TLS handshake failed");
+    c->ssl = ssl;
+}
+
+static int tls_read(conn_t *c, char *into, size_t room) {
+    int n = SSL_read(c->ssl, into, room > INT32_MAX ? INT32_MAX : (int)room);
+    if (n > 0) return n;
+    int e = SSL_get_error(c->ssl, n);
+    if (e == SSL_ERROR_WANT_READ) return 0;  /* a record without application data */
+    if (e == SSL_ERROR_SYSCALL && errno == EINTR) return 0;
+    return -1;
+}
+
+static int tls_write(conn_t *c, const char *data, size_t len) {
+    int n = SSL_write(c->ssl, data, len > INT32_MAX ? INT32_MAX : (int)len);
+    if (n > 0) return n;
+    int e = SSL_get_error(c->ssl, n);
+    if (e == SSL_ERROR_SYSCALL && errno == EINTR) return 0;
+    return -1;
+}
+
+static int tls_pending(conn_t *c) { return c->ssl && SSL_pending(c->ssl) > 0; }
+
+static void tls_close(conn_t *c) {
+    if (c->ssl) SSL_free(c->ssl);
+    c->ssl = NULL;
+}
+#else
+static void tls_setup(void) {
+    die("this loadgen was built without TLS: install OpenSSL's headers (Debian/Ubuntu: apt "
+        "install libssl-dev), then run `make -B loadgen`");
+}
+static void tls_upgrade(conn_t *c) { (void)c; }
+static int tls_read(conn_t *c, char *into, size_t room) { (void)c; (void)into; (void)room; return -1; }
+static int tls_write(conn_t *c, const char *data, size_t len) { (void)c; (void)data; (void)len; return -1; }
+static int tls_pending(conn_t *c) { (void)c; return 0; }
+static void tls_close(conn_t *c) { (void)c; }
+#endif
+
+static void conn_close(conn_t *c) {
+    tls_close(c);
+    close(c->fd);
+}
+
 static int flush_out(conn_t *c) {
     size_t off = 0;
     while (off < c->out_len) {
-        ssize_t n = write(c->fd, c->out + off, c->out_len - off);
+        ssize_t n = c->ssl ? tls_write(c, c->out + off, c->out_len - off)
+                           : write(c->fd, c->out + off, c->out_len - off);
         if (n < 0) {
-            if (errno == EINTR) continue;
+            if (errno == EINTR && !c->ssl) continue;
             return -1;
         }
         off += (size_t)n;
@@ -196,21 +293,33 @@ static int dial(void) {
 /* Reads what is there (waiting at most until `until_ns`; 0: wait without limit). 1 when bytes
  * came, 0 on time-out, -1 when the connection closed or failed. */
 static int read_some(conn_t *c, int64_t until_ns) {
-    if (until_ns) {
-        int64_t left = until_ns - now_ns();
-        if (left <= 0) return 0;
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        struct timespec ts = {.tv_sec = left / 1000000000LL, .tv_nsec = left % 1000000000LL};
-        int rc = ppoll(&p, 1, &ts, NULL);
-        if (rc == 0) return 0;
-        if (rc < 0) return errno == EINTR ? 0 : -1;
+    for (;;) {
+        if (until_ns && !tls_pending(c)) {
+            int64_t left = until_ns - now_ns();
+            if (left <= 0) return 0;
+            struct pollfd p = {.fd = c->fd, .events = POLLIN};
+            struct timespec ts = {.tv_sec = left / 1000000000LL,
+                                  .tv_nsec = left % 1000000000LL};
+            int rc = ppoll(&p, 1, &ts, NULL);
+            if (rc == 0) return 0;
+            if (rc < 0) return errno == EINTR ? 0 : -1;
+        }
+        reserve(&c->in, &c->in_cap, c->in_len + READ_CHUNK);
+        char *into = c->in + c->in_len;
+        size_t room = c->in_cap - c->in_len;
+        if (c->ssl) {
+            int n = tls_read(c, into, room);
+            if (n < 0) return -1;
+            if (n == 0) continue;  /* TLS bookkeeping only: wait for data again */
+            c->in_len += (size_t)n;
+            return 1;
+        }
+        ssize_t n = read(c->fd, into, room);
+        if (n < 0 && errno == EINTR) return 0;
+        if (n <= 0) return -1;
+        c->in_len += (size_t)n;
+        return 1;
     }
-    reserve(&c->in, &c->in_cap, c->in_len + READ_CHUNK);
-    ssize_t n = read(c->fd, c->in + c->in_len, c->in_cap - c->in_len);
-    if (n < 0 && errno == EINTR) return 0;
-    if (n <= 0) return -1;
-    c->in_len += (size_t)n;
-    return 1;
 }
 
 /* -- the protocol ----------------------------------------------------------------------- */
@@ -296,8 +405,22 @@ static void parse(conn_t *c, on_msg_fn on_msg, void *ctx) {
 
 static void ignore_msg(void *ctx, conn_t *c, const msg_t *m) { (void)ctx; (void)c; (void)m; }
 
-/* CONNECT, then PING until PONG: the server has taken what was sent before. */
+/* With TLS: the server's INFO (in clear), then the TLS handshake. Then CONNECT, then PING
+ * until PONG: the server has taken what was sent before. */
 static void handshake(conn_t *c, const char *subscribe) {
+    if (opt.tls_ca) {
+        int64_t info_until = now_ns() + (int64_t)(opt.timeout_s * 1e9);
+        while (!memmem(c->in, c->in_len, "\r\n", 2)) {
+            int rc = read_some(c, info_until);
+            if (rc < 0) die("connection closed before the server's INFO");
+            if (rc == 0) die("no INFO within %.0f s", opt.timeout_s);
+        }
+        char *eol = memmem(c->in, c->in_len, "\r\n", 2);
+        size_t info_len = (size_t)(eol - c->in) + 2;
+        if (c->in_len != info_len) die("the server spoke in clear after its INFO");
+        c->in_len = 0;
+        tls_upgrade(c);
+    }
     out_printf(c, "CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true,"
                   "\"no_responders\":true,\"name\":\"loadgen\",\"lang\":\"c\","
                   "\"version\":\"1\",\"protocol\":1}\r\n");
@@ -471,7 +594,7 @@ static void *request_worker(void *arg) {
         }
         parse(&c, on_reply, &r);
     }
-    close(c.fd);
+    conn_close(&c);
     free(r.sent_ns);
     free(r.free_slots);
     free(c.in);
@@ -638,13 +761,15 @@ static void usage(void) {
     fputs("usage: loadgen --url HOST:PORT --subject S [--mode request|respond] [--size B]\n"
           "       [--inflight N] [--conns C] (--count N | --duration S [--warmup S])\n"
           "       [--rate MSGS_PER_S] [--stamp] [--timeout S] [--start-at MONOTONIC_NS]\n"
-          "       [--messages FILE [--first-message N]]\n",
+          "       [--messages FILE [--first-message N]]\n"
+          "       [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]\n",
           stderr);
     exit(2);
 }
 
 static void parse_url(char *url) {
-    if (strncmp(url, "nats://", 7) == 0) url += 7;
+    if (strncmp(url, "nats://", 7) == 0 || strncmp(url, "tls://", 6) == 0)
+        url = strchr(url, '/') + 2;
     char *colon = strrchr(url, ':');
     if (!colon) die("--url needs HOST:PORT, got %s", url);
     *colon = '\0';
@@ -678,12 +803,18 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--start-at") == 0) opt.start_at_ns = strtoll(v, NULL, 10);
         else if (strcmp(a, "--messages") == 0) opt.messages = v;
         else if (strcmp(a, "--first-message") == 0) opt.first_message = strtoll(v, NULL, 10);
+        else if (strcmp(a, "--tls-ca") == 0) opt.tls_ca = v;
+        else if (strcmp(a, "--tls-cert") == 0) opt.tls_cert = v;
+        else if (strcmp(a, "--tls-key") == 0) opt.tls_key = v;
         else usage();
     }
     if (!opt.host || !opt.subject) usage();
     if (strchr(opt.subject, ' ') || strlen(opt.subject) > 255) die("bad subject");
     if (opt.conns < 1 || opt.conns > 1024) die("--conns must be 1..1024");
     if (opt.timeout_s <= 0) die("--timeout must be positive");
+    if (!opt.tls_cert != !opt.tls_key) die("give --tls-cert and --tls-key together");
+    if (opt.tls_cert && !opt.tls_ca) die("--tls-cert needs --tls-ca");
+    if (opt.tls_ca) tls_setup();
     signal(SIGPIPE, SIG_IGN);
     memset(payload_template, 'x', sizeof payload_template);
     if (strcmp(opt.mode, "respond") == 0) {

@@ -1,7 +1,8 @@
 """The compiled load generator (bench/loadgen) against a real nats-server: requests answered
 by its no-op responder, by nobody, and by a real broker; paced requests whose payload carries
 their send time on the clock Python reads; a list of messages, each sent once with its own
-subject, headers and payload; and its histogram buckets against histogram.py's."""
+subject, headers and payload; requests over TLS with a client certificate, and the
+handshakes it refuses; and its histogram buckets against histogram.py's."""
 
 from __future__ import annotations
 
@@ -14,10 +15,20 @@ from pathlib import Path
 import nats
 import pytest
 
-from bench.loadgen import Load, LoadgenFailed, ensure_built, responder, run_load, write_messages
+from bench.loadgen import (
+    Load,
+    LoadgenFailed,
+    LoadTls,
+    ensure_built,
+    responder,
+    run_load,
+    write_messages,
+)
 from bench.loadgen.histogram import bucket_of
 from jetstream.client import Client
+from jetstream.natsd import NatsServer, ServerTls
 from jetstream.server.process import BrokerProcess
+from tests.pki import Pki
 
 
 async def test_requests_to_the_no_op_responder_are_all_answered_and_timed(
@@ -109,3 +120,31 @@ def test_the_generator_buckets_values_as_histogram_py_does() -> None:
 async def test_a_bad_url_fails_with_the_generators_message() -> None:
     with pytest.raises(LoadgenFailed, match="cannot connect"):
         await asyncio.wait_for(run_load("127.0.0.1:1", Load("x", count=1)), 30)
+
+
+def loadgen_speaks_tls() -> bool:
+    built = subprocess.run([str(ensure_built()), "--url", "127.0.0.1:1", "--subject", "x",
+                            "--count", "1", "--tls-ca", "/nonexistent"],
+                           capture_output=True, text=True, check=False)
+    return "built without TLS" not in built.stderr
+
+
+@pytest.mark.skipif(not loadgen_speaks_tls(), reason="loadgen built without OpenSSL")
+async def test_requests_over_tls_with_a_client_certificate(tmp_path: Path, pki: Pki) -> None:
+    leaf, client = pki.leaf("nats"), pki.leaf("loadgen-client")
+    tls = LoadTls(pki.ca, client.cert, client.key)
+    with NatsServer(tmp_path / "nats-tls", tls=ServerTls(leaf.cert, leaf.key, pki.ca,
+                                                         verify=True)) as server:
+        assert server.url.startswith("tls://")
+        with responder(server.url, "lg.tls", conns=2, tls=tls):
+            result = await run_load(server.url, Load("lg.tls", size=300, inflight=8, conns=2,
+                                                     count=1000, tls=tls))
+        assert result.messages == result.acked == result.sent == 1000
+        assert result.errors == result.no_responders == 0 and not result.timed_out
+        other = Pki(tmp_path / "other-pki")
+        with pytest.raises(LoadgenFailed, match="TLS handshake failed"):
+            await run_load(server.url, Load("lg.tls", count=1, timeout_s=5,
+                                            tls=LoadTls(other.ca, client.cert, client.key)))
+        with pytest.raises(LoadgenFailed, match="closed"):  # no client certificate
+            await run_load(server.url, Load("lg.tls", count=1, timeout_s=5,
+                                            tls=LoadTls(pki.ca)))
