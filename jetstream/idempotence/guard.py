@@ -17,6 +17,11 @@ Theory of operation
 - Order of the checks: fencing first (a fenced producer gets nothing), then duplicates (a
   retry of a stored publish is answered with its first offset even though its
   expectations no longer hold: it succeeded), then sequence gaps, then the expectations.
+  A message-id duplicate whose stamp comes in order (the next sequence, or the first of a
+  new epoch) also moves the producer's sequence on, in this leader's memory: a writer that
+  took a new epoch and sends again from its checkpoint what an older epoch stored gets the
+  new records after those duplicates taken. A pass holding only such duplicates is still
+  committed.
 - What the log must carry so that a new leader rebuilds exactly this state
   (jetstream.idempotence.headers) comes out of `admit` as record headers.
 """
@@ -242,6 +247,13 @@ class Pass:
             if original is None:
                 original = guard.ids.offset_of(expect.msg_id)
             if original is not None:
+                if stamp is not None and check.verdict == "new":
+                    # Stored already, sent again in order under a new stamp (a writer that
+                    # took a new epoch and starts again from its checkpoint): it holds its
+                    # place in the producer's sequence, so what follows it is taken up.
+                    self._sequences[stamp.producer_id] = (stamp.epoch, stamp.sequence)
+                    self._stamps.append((stamp.producer_id, stamp.epoch, stamp.sequence,
+                                         original))
                 return Duplicate(original)
         if stamp is not None:
             if check.verdict == "duplicate":

@@ -348,6 +348,8 @@ class PartitionLeader(LeaderReads):
             else:
                 if guard_pass is not None:
                     guard_pass.commit()
+        elif guard_pass is not None:
+            guard_pass.commit()  # duplicates only: the producer sequences they moved on
         if info is not None or batch.duplicates:
             await self._enqueue_appended(batch, info)
         if batch.errors:

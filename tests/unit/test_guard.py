@@ -207,6 +207,34 @@ def test_producer_sequences() -> None:
     assert state is not None and (state.epoch, state.last_sequence) == (1, 0)
 
 
+def test_a_new_epoch_sent_again_from_a_checkpoint_is_taken_up_after_its_duplicates() -> None:
+    part = Partition()
+
+    def send(sequence: int, epoch: int, msg: int, resume: bool = False) -> Verdict:
+        return part.publish(Expectations(msg_id=f"m{msg}", producer=ProducerSequence(
+            "p", epoch, sequence, resume)))
+
+    for i in range(3):
+        assert isinstance(send(i, 0, i), Admitted)
+    # Epoch 1 starts again at m1, which epoch 0 stored with m2 (its acks were lost).
+    assert send(0, 1, 1, resume=True) == Duplicate(1)
+    assert send(1, 1, 2) == Duplicate(2)
+    assert isinstance(send(2, 1, 3), Admitted)  # after the duplicates, in a later append
+    # One append: the duplicates hold their places for the new record behind them.
+    first, second, new = part.append([
+        (Expectations(msg_id="m2", producer=ProducerSequence("p", 2, 0, True)), [None]),
+        (Expectations(msg_id="m3", producer=ProducerSequence("p", 2, 1)), [None]),
+        (Expectations(msg_id="m4", producer=ProducerSequence("p", 2, 2)), [None])])
+    assert (first, second) == (Duplicate(2), Duplicate(3)) and isinstance(new, Admitted)
+    # A duplicate out of order holds no place: what follows it is still refused.
+    assert send(5, 3, 1) == Duplicate(1)  # epoch 3 must start at 0
+    late = send(6, 3, 9)
+    assert isinstance(late, Refused) and isinstance(late.error, OutOfOrderSequence)
+    assert late.error.fields["expected_sequence"] == 0
+    state = part.guard.producers.get("p")
+    assert state is not None and (state.epoch, state.last_sequence) == (2, 2)
+
+
 def test_producer_retries_within_one_append() -> None:
     part = Partition()
     stamp = ProducerSequence("p", 0, 0)
