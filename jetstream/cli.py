@@ -239,6 +239,10 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     for f in fields(BrokerConfig):
         flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool" and f.default is True:  # on unless --no-<name>
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help="(default on)")
+            continue
         if f.type == "bool":  # a switch: present means true (--insecure, --tls-verify-client)
             parser.add_argument(flag, dest=f.name, action="store_true", default=None,
                                 help=f"(default {f.default!r})")

@@ -22,6 +22,12 @@ one Raft entry, however many partitions they concern. A broker
 that loses metadata leadership drops its controller; the next one starts fresh (brokers never
 seen get a grace period of `broker_timeout_ms`).
 
+Preferred leaders: with `auto_leader_rebalance`, the metadata leader's failover loop also
+runs, every `leader_imbalance_check_interval_ms`, a round of jetstream.raft_meta.rebalance:
+leaderships that failovers, stops or full disks moved away go back to their first replica
+once it is live and in sync, for brokers above the imbalance percentage (at most
+REBALANCE_CHANGES_MAX a round; a round cut short is followed by the next at once).
+
 Graceful stop: each partition this broker leads is handed to its first in-sync follower in
 replica order (ChangeLeader), waited for, before the broker leaves.
 
@@ -61,6 +67,7 @@ from jetstream.raft_meta.fsm import (
 )
 from jetstream.raft_meta.model import BrokerInfo, PartitionState
 from jetstream.raft_meta.raft import RaftMetadata
+from jetstream.raft_meta.rebalance import preferred_leader_changes
 from jetstream.security.tls import client_ssl
 from jetstream.server.config import BrokerConfig
 from jetstream.server.gatekeeper import peer_credentials
@@ -71,6 +78,8 @@ from jetstream.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 FAILOVER_TICK_MS = 200
+#: Most preferred-leader changes proposed by one rebalance round.
+REBALANCE_CHANGES_MAX = 500
 #: How long a starting broker waits for the metadata to catch up with a leader.
 READY_TIMEOUT_S = 120.0
 RETRY_S = 0.2
@@ -111,6 +120,11 @@ class Cluster:
         self.failover_ticks = 0
         self.failover_examined = 0
         self.failover_indexed = 0
+        #: When the next preferred-leader round is due (monotonic ms; None: a full interval
+        #: after this broker became the metadata leader), and the changes rounds proposed.
+        self._rebalance_due_ms: int | None = None
+        self.rebalance_rounds = 0
+        self.rebalance_changes = 0
 
     # -- start -----------------------------------------------------------------------------------
 
@@ -200,6 +214,7 @@ class Cluster:
             await asyncio.sleep(FAILOVER_TICK_MS / 1000)
             if not self.metadata.is_leader:
                 self._controller = None
+                self._rebalance_due_ms = None
                 continue
             controller = self._controller_now()
             now = now_ms()
@@ -212,6 +227,33 @@ class Cluster:
             self.failover_indexed += controller.indexed - indexed
             if decisions:  # one proposal for the round (jetstream.server.metadata_batches)
                 self._spawn(self._propose_leaders(decisions))
+            elif self.config.auto_leader_rebalance:
+                self._rebalance(now)
+
+    def _rebalance(self, now: int) -> None:
+        """A preferred-leader round, when one is due (never in a tick that failed over)."""
+        interval = self.config.leader_imbalance_check_interval_ms
+        if self._rebalance_due_ms is None:
+            self._rebalance_due_ms = now + interval
+        if now < self._rebalance_due_ms:
+            return
+        changes = preferred_leader_changes(
+            self.metadata.state, self.live_brokers(),
+            self.config.leader_imbalance_per_broker_percentage, REBALANCE_CHANGES_MAX)
+        self.rebalance_rounds += 1
+        self.rebalance_changes += len(changes)
+        self._rebalance_due_ms = now + (0 if len(changes) >= REBALANCE_CHANGES_MAX
+                                        else interval)
+        if changes:
+            log.info("preferred leaders: %d partitions go back to their first replica",
+                     len(changes))
+            self._spawn(self._propose_rebalance(changes))
+
+    async def _propose_rebalance(self, changes: list[ChangeLeader]) -> None:
+        outcomes = await self._change_leaders(changes)
+        for change, outcome in zip(changes, outcomes, strict=True):
+            if not isinstance(outcome, PartitionState | StaleMetadataEpoch):
+                log.warning("preferred leader change %s not committed: %s", change, outcome)
 
     def _controller_now(self) -> FailoverController:
         if self._controller is None:
@@ -429,6 +471,14 @@ class Cluster:
             lines += [f"# HELP jetstream_failover_{name}_total {text}",
                       f"# TYPE jetstream_failover_{name}_total counter",
                       f"jetstream_failover_{name}_total {value}"]
+        for name, value, text in (
+                ("rounds", self.rebalance_rounds,
+                 "Preferred-leader rounds run as the metadata leader."),
+                ("changes", self.rebalance_changes,
+                 "Leaderships the rounds proposed to give back to their first replica.")):
+            lines += [f"# HELP jetstream_leader_rebalance_{name}_total {text}",
+                      f"# TYPE jetstream_leader_rebalance_{name}_total counter",
+                      f"jetstream_leader_rebalance_{name}_total {value}"]
         return lines
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -136,6 +136,14 @@ class BrokerConfig:
     replica_fetch_bytes_max: int = 4 * MiB
     #: A broker whose metadata connection is down this long is taken as gone (failover).
     broker_timeout_ms: int = 3_000
+    #: Preferred-leader rebalancing (jetstream.raft_meta.rebalance): every this often the
+    #: metadata leader gives each broker whose preferred partitions (first replica) are led
+    #: elsewhere above `leader_imbalance_per_broker_percentage` those leaderships back,
+    #: where it is live and in the ISR. Kafka's auto.leader.rebalance.enable and its two
+    #: settings; `auto_leader_rebalance` false turns it off.
+    auto_leader_rebalance: bool = True
+    leader_imbalance_check_interval_ms: int = 300_000
+    leader_imbalance_per_broker_percentage: int = 10
     #: TLS of the socket API (clients, and replication between brokers): this broker's
     #: certificate chain and key (PEM files, the key unencrypted), and the CA bundle that
     #: verifies the brokers it dials and, with `tls_verify_client`, every client it accepts
@@ -260,6 +268,8 @@ class BrokerConfig:
         _range(self, "replica_fetch_hw_delay_ms", 0, 1_000)
         _range(self, "replica_fetch_bytes_max", 1024, 256 * MiB)
         _range(self, "broker_timeout_ms", 10, 3_600_000)
+        _range(self, "leader_imbalance_check_interval_ms", 100, 86_400_000)
+        _range(self, "leader_imbalance_per_broker_percentage", 0, 100)
         _range(self, "fragment_cache_bytes_max", 1 * MiB, 1024 * 1024 * MiB)
         _range(self, "fragment_list_interval_ms", 100, 86_400_000)
         _range(self, "fragment_backoff_ms_max", 100, 3_600_000)

@@ -75,7 +75,10 @@ WORKLOAD_ACLS = [{"principal": "client", "permission": "allow", "operation": ope
 TUNING = ("--replica-lag-ms-max", "2000", "--replica-leader-timeout-ms", "1000",
           "--broker-timeout-ms", "2000", "--checkpoint-interval-ms", "200",
           # The scrubber passes every 2 s: damage a fault leaves is found during the run.
-          "--scrub-bytes-per-s", str(32 << 20), "--scrub-interval-ms", "2000", "-v")
+          "--scrub-bytes-per-s", str(32 << 20), "--scrub-interval-ms", "2000",
+          # Preferred leaders are given back every 2 s: leaderships a fault moved go back
+          # while the workload runs and the next faults strike.
+          "--leader-imbalance-check-interval-ms", "2000", "-v")
 HEALTHY_TIMEOUT_S = 60.0
 WORKLOAD_STOP_TIMEOUT_S = 30.0
 #: `__offsets` partitions in the fault cluster (fewer than the default: quicker to create).

@@ -87,15 +87,21 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], what: str,
         await asyncio.sleep(0.1)
 
 
-async def partition_state(broker: BrokerProcess) -> dict[str, Any]:
+async def stream_metadata(broker: BrokerProcess, stream: str = STREAM) -> dict[str, Any]:
+    """The stream as `broker`'s metadata describes it (its partitions' leaders, ISRs...)."""
     conn = BrokerConnection(broker.address, client_id="test")
     await conn.open()
     try:
-        response = await conn.request(m.MetadataRequest([STREAM]))
+        response = await conn.request(m.MetadataRequest([stream]))
     finally:
         await conn.close()
     assert isinstance(response, m.MetadataResponse)
-    partition: dict[str, Any] = response.streams[0]["partitions"][0]
+    found: dict[str, Any] = response.streams[0]
+    return found
+
+
+async def partition_state(broker: BrokerProcess) -> dict[str, Any]:
+    partition: dict[str, Any] = (await stream_metadata(broker))["partitions"][0]
     return partition
 
 
