@@ -335,6 +335,7 @@ def judge_direct(guarded: PartitionGuard, log: Log, records: list[Record],
         return records, guard_pass
     verdict = guard_pass.admit(expect, keys)
     if isinstance(verdict, Duplicate):
+        guard_pass.commit()  # the producer sequence a duplicate in order moved on
         return verdict.offset
     if isinstance(verdict, Refused):
         raise verdict.error
