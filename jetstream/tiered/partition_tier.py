@@ -7,7 +7,10 @@ it. The leader's housekeeping asks it for the blocking part of an offload pass (
 jetstream.tiered.offload) and hands it the outcome (`finish`), which says when the next pass
 is due: after a listing interval, at once while uploads remain, or after a backoff doubling
 up to `backoff_ms_max` while the store fails. Reads below the local log start come here
-(`read`) and are served from the fragment cache (jetstream.tiered.reader).
+(`read`) and are served from the fragment cache (jetstream.tiered.reader). A read of an
+offset the index does not cover lists the store once before it is refused (at most every
+LIST_ON_MISS_MS): a leader that took over, say from a preferred-leader rebalance, knows the
+fragments its follower's last listing saw, not those the old leader uploaded since.
 
 A leader that starts on an empty log (a broker given an empty disk) must not take offsets the
 store already holds: `open_log` lists the store first (retrying while it is down) and starts
@@ -50,6 +53,8 @@ log = logging.getLogger(__name__)
 
 #: Fragments fetched ahead of a reader catching up from the store.
 READ_AHEAD_FRAGMENTS = 2
+#: A read the index does not cover lists the store again at most this often.
+LIST_ON_MISS_MS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +93,8 @@ class PartitionTier:
         self._segments_seen = 0
         self._sealed_end_waiting: int | None = None
         self._failures = 0
+        #: When a read the index did not cover last listed the store (monotonic ms).
+        self._listed_on_miss_ms: int | None = None
         #: The store's last error (None: the last pass went through).
         self.store_error: FragmentStoreUnavailable | None = None
 
@@ -249,6 +256,9 @@ class PartitionTier:
                    ) -> FileSlice:
         """Whole batches from `offset` (below the local log start) out of the store."""
         fragment = self.index.covering(offset)
+        if fragment is None and self._may_list_on_miss():
+            await self.list_once(monotonic_ms())  # uploaded since the last listing?
+            fragment = self.index.covering(offset)
         if fragment is None:
             raise OffsetOutOfRange(offset, self.start_offset(log_), upper_bound)
         store = self.store()
@@ -264,6 +274,13 @@ class PartitionTier:
         self.metrics.store_reads += 1
         self.metrics.store_read_bytes += piece.length
         return piece
+
+    def _may_list_on_miss(self) -> bool:
+        now = monotonic_ms()
+        if self._listed_on_miss_ms is not None and now - self._listed_on_miss_ms < LIST_ON_MISS_MS:
+            return False
+        self._listed_on_miss_ms = now
+        return True
 
     async def offset_for_timestamp(self, timestamp_ms: int, log_: Log) -> int | None:
         """The first offset below the local log start whose record is at least as recent as

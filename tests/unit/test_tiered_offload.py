@@ -201,6 +201,39 @@ def test_listing_picks_up_other_writers_and_drops_pruned(segmented: tuple[Log, b
     other.close()
 
 
+def test_a_read_past_the_index_lists_the_store_once_before_it_is_refused(
+        segmented: tuple[Log, bytes], tmp_path: Path) -> None:
+    log, original = segmented
+    url = store_url(tmp_path)
+    # A new leader's index, listed while the store was still empty (its follower's last
+    # listing); the old leader offloads everything after that.
+    other = make(tmp_path / "other", Clock())
+    reader = new_tier(url, tmp_path, local_bytes=None)
+    assert asyncio.run(reader.list_once(0)) and reader.index.covering(0) is None
+    url, writer, first = offloaded(log, tmp_path, None)
+    listings = 0
+    list_once = reader.list_once
+
+    async def counted(now_ms: int) -> bool:
+        nonlocal listings
+        listings += 1
+        return await list_once(now_ms)
+    reader.list_once = counted  # type: ignore[method-assign]
+
+    async def read(tier: PartitionTier) -> bytes:
+        with await tier.read(0, 1 << 20, first.end, other) as piece:
+            assert piece.first_offset == 0 and piece.next_offset == first.end
+            return piece.read()
+    assert asyncio.run(read(reader)) == asyncio.run(read(writer))
+    assert original.startswith(asyncio.run(read(reader)))
+    assert listings == 1
+    # Past what the store holds: refused, without listing again within LIST_ON_MISS_MS.
+    with pytest.raises(OffsetOutOfRange):
+        asyncio.run(reader.read(writer.index.end_offset, 4096, 10**6, other))
+    assert listings == 1
+    other.close()
+
+
 def test_retention_deletes_the_oldest_fragments_and_local_segments(
         segmented: tuple[Log, bytes], tmp_path: Path) -> None:
     log, _original = segmented
