@@ -103,8 +103,12 @@ async def test_acl_changes_reach_every_broker_and_survive_failover_and_restart(
         await all_brokers(brokers, True, DEADLINE_S)
         async with jetstream.connect(addresses, user="alice",
                                      password=PASSWORDS["alice"]) as alice:
-            fetched = await alice.fetch(STREAM, 0, 0, max_wait_ms=1000)
-            assert [x.value for x in fetched.messages] == [b"entry"]
+            # Readable once the restarted leader knows its HW again (its followers fetched).
+            async def entry() -> list[bytes] | None:
+                fetched = await alice.fetch(STREAM, 0, 0, max_wait_ms=1000)
+                return [x.value for x in fetched.messages] or None
+            assert await eventually(entry, "the entry readable after the restart") == [
+                b"entry"]
         async with jetstream.connect(addresses, user="admin",
                                      password=PASSWORDS["admin"]) as admin:
             assert [e.to_dict() for e in await admin.acl_list()] == [ENTRY]
