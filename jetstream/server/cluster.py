@@ -112,7 +112,7 @@ class Cluster:
         self.size = len(members)
         self._controller: FailoverController | None = None
         self._full_disk = FullDiskHandOver(config.broker_id)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._isr_changes = Batcher[ChangeIsr]("isr", ChangeIsrs, self._propose_batch)
         self._leader_changes = Batcher[ChangeLeader]("leader", ChangeLeaders,
                                                      self._propose_batch)
@@ -247,13 +247,7 @@ class Cluster:
         if changes:
             log.info("preferred leaders: %d partitions go back to their first replica",
                      len(changes))
-            self._spawn(self._propose_rebalance(changes))
-
-    async def _propose_rebalance(self, changes: list[ChangeLeader]) -> None:
-        outcomes = await self._change_leaders(changes)
-        for change, outcome in zip(changes, outcomes, strict=True):
-            if not isinstance(outcome, PartitionState | StaleMetadataEpoch):
-                log.warning("preferred leader change %s not committed: %s", change, outcome)
+            self._spawn(self._propose_uncommitted(changes))
 
     def _controller_now(self) -> FailoverController:
         if self._controller is None:
@@ -266,15 +260,21 @@ class Cluster:
         for decision in decisions:
             log.info("failover: %s/%d at epoch %d -> leader %d", decision.stream,
                      decision.partition, decision.expected_epoch, decision.leader)
-        outcomes = await self._change_leaders(decisions)
-        for decision, outcome in zip(decisions, outcomes, strict=True):
-            # A StaleMetadataEpoch: someone else changed the partition first, nothing left
-            # to decide.
-            if isinstance(outcome, PartitionState | StaleMetadataEpoch):
-                continue
-            log.warning("leader change %s not committed: %s", decision, outcome)
+        for decision in await self._propose_uncommitted(decisions):
             if self._controller is not None:
                 self._controller.retry(decision.stream, decision.partition)
+
+    async def _propose_uncommitted(self, changes: list[ChangeLeader]) -> list[ChangeLeader]:
+        """Propose the leader changes; those not committed, each logged. A
+        StaleMetadataEpoch counts as done: someone else changed the partition first,
+        nothing is left to decide."""
+        outcomes = await self._change_leaders(changes)
+        uncommitted = []
+        for change, outcome in zip(changes, outcomes, strict=True):
+            if not isinstance(outcome, PartitionState | StaleMetadataEpoch):
+                log.warning("leader change %s not committed: %s", change, outcome)
+                uncommitted.append(change)
+        return uncommitted
 
     async def on_report_request(self, request: m.ReportLeaderFailureRequest
                                 ) -> m.EmptyResponse:
@@ -481,7 +481,7 @@ class Cluster:
                       f"jetstream_leader_rebalance_{name}_total {value}"]
         return lines
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

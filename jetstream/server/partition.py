@@ -345,11 +345,10 @@ class PartitionLeader(LeaderReads):
                 batch.errors.extend((t[1], t[2], exc) for t in batch.targets)
                 batch.errors.extend((d[0], d[1], exc) for d in batch.duplicates)
                 batch.duplicates.clear()
-            else:
-                if guard_pass is not None:
-                    guard_pass.commit()
-        elif guard_pass is not None:
-            guard_pass.commit()  # duplicates only: the producer sequences they moved on
+        if guard_pass is not None and (info is not None or not batch.records):
+            # The log took the append, or there was none (duplicates only: the producer
+            # sequences they moved on).
+            guard_pass.commit()
         if info is not None or batch.duplicates:
             await self._enqueue_appended(batch, info)
         if batch.errors:
