@@ -111,6 +111,12 @@ class BrokerConfig:
     #: least recently used are closed, active segments last. 0: half the open-file limit,
     #: which the broker raises to its hard limit at start (jetstream.server.files).
     open_files_max: int = 0
+    #: Under `fsync=always`, a turn of the event loop that has at least this many logs to
+    #: make durable (a fetch answer for many followers, publishes to many streams) makes
+    #: them durable with one syncfs(2) of the data directory's filesystem instead of an
+    #: fsync each (jetstream.stream.fs_sync; Linux 5.8 or later, else an fsync each). 0: an
+    #: fsync each always (a data directory on a filesystem other programs keep busy).
+    fsync_group_min: int = 4
     #: Every broker's metadata Raft address, "id@host:raftport,..." (this one's included).
     #: Empty: a single broker with local metadata.
     cluster: str = ""
@@ -262,6 +268,7 @@ class BrokerConfig:
             raise InvalidConfig(f"open_files_max must be 0 (0 sizes it from the open-file "
                                 f"limit) or in [{OPEN_FILES_MIN}, {1 << 20}], got "
                                 f"{self.open_files_max}", field="open_files_max")
+        _range(self, "fsync_group_min", 0, 1_000_000)
         _range(self, "replica_lag_ms_max", 10, 3_600_000)
         _range(self, "replica_leader_timeout_ms", 10, 3_600_000)
         _range(self, "replica_fetch_wait_ms", 0, 60_000)

@@ -413,7 +413,7 @@ class PartitionFollower:
         every append of a job lands before its first fsync)."""
         if self._appends is not None:
             self._append_done = self._appends.call(partial(self._append, payload),
-                                                   then=self._make_durable)
+                                                   then=self._make_durable, durable=self.log)
         else:
             self._append_done = asyncio.get_running_loop().run_in_executor(
                 self._executor, self._append_durably, payload)

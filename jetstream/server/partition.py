@@ -487,7 +487,8 @@ class PartitionLeader(LeaderReads):
             self._sync_wanted.clear()
             target = self.log.log_end_offset
             if self._syncs is not None:
-                await self._syncs.call(partial(self.log.sync_through, target))
+                await self._syncs.call(_nothing, then=partial(self.log.sync_through, target),
+                                       durable=self.log)
             else:
                 await loop.run_in_executor(self._executor, self.log.sync_through, target)
             await self._on_durable(target)
@@ -622,6 +623,10 @@ class PartitionLeader(LeaderReads):
         """Still leading: not stopping nor abdicating."""
         return not self._stopping
 
+
+
+def _nothing() -> None:
+    """The call of a sync that only has its `then` (BatchedCalls)."""
 
 
 def _log_task_failure(task: asyncio.Task[None]) -> None:

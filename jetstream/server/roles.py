@@ -63,6 +63,7 @@ from jetstream.server.replica_fetcher import ReplicaFetchers
 from jetstream.server.scheduler import Scheduler
 from jetstream.stream.checkpoint import write_atomic
 from jetstream.stream.dir_lock import LOGS_LOCK_FILE, DirLock
+from jetstream.stream.fs_sync import FileSystemSync
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log, close_all
 from jetstream.tiered.partition_tier import TierConfig
@@ -144,10 +145,14 @@ class Roles:
         self._stream_sets: dict[Callable[[StreamConfig], bool], tuple[int, frozenset[str]]] = {}
         #: Followers' appends of one fetch answer, and the fsyncs leaders start in one
         #: turn, go to the executor together.
-        self._appends = BatchedCalls(executor, jobs_max=IO_THREADS)
         self._pool = pool
         # One lock for every log here, not a descriptor per log (jetstream.stream.dir_lock).
         self._logs_lock = DirLock(data_dir / "logs", LOGS_LOCK_FILE)
+        #: One syncfs for the logs a turn makes durable, in place of an fsync each.
+        self.fs_sync = (FileSystemSync.open(data_dir / "logs") if config.fsync_group_min
+                        else None)
+        self._appends = BatchedCalls(executor, jobs_max=IO_THREADS, fs=self.fs_sync,
+                                     group_min=config.fsync_group_min)
         self.leaders: dict[PartitionKey, PartitionLeader] = {}
         self.followers: dict[PartitionKey, PartitionFollower] = {}
         self._logs: dict[PartitionKey, Log] = {}
@@ -271,6 +276,8 @@ class Roles:
             logs = list(self._logs.values())
             self._logs.clear()
             await asyncio.to_thread(close_all, logs)  # two file-system syncs for them all
+            if self.fs_sync is not None:
+                self.fs_sync.close()
             self._logs_lock.release()
             await self.tiering.close()
 
@@ -556,7 +563,13 @@ class Roles:
                  "Partitions the reconciles looked at."),
                 ("leaders_started", m.leaders_started, "Leader roles started."),
                 ("nats_confirm_pings", self._nats.confirm_pings,
-                 "NATS round trips that confirmed leaders' subscriptions (shared).")):
+                 "NATS round trips that confirmed leaders' subscriptions (shared)."),
+                ("fsync_groups", self._appends.groups,
+                 "Turns whose logs were made durable together (fsync_group_min)."),
+                ("fsync_group_syncfs", self.fs_sync.syncs if self.fs_sync else 0,
+                 "syncfs calls made in place of an fsync per log."),
+                ("fsync_group_failures", self.fs_sync.failures if self.fs_sync else 0,
+                 "syncfs calls that failed (each log of its group failed too).")):
             lines += [f"# HELP jetstream_roles_{name}_total {text}",
                       f"# TYPE jetstream_roles_{name}_total counter",
                       f"jetstream_roles_{name}_total {value}"]

@@ -102,6 +102,14 @@ class SegmentSnapshot:
     segments: tuple[tuple[int, int], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SyncTicket:
+    """A log's end offset and truncation count, taken before a filesystem-wide sync."""
+
+    target: int
+    truncations: int
+
+
 class Log(LogReads):
     def __init__(
         self,
@@ -384,6 +392,28 @@ class Log(LogReads):
                     self._durable_offset = max(self._durable_offset, target)
                 self._sync_running = False
                 self._sync_cond.notify_all()
+
+    def sync_ticket(self) -> SyncTicket | None:
+        """What a filesystem-wide sync started after this call makes durable (for
+        `claim_synced`, jetstream.stream.fs_sync); None unless the policy is ALWAYS and some
+        appended offset is not durable yet."""
+        if self.config.fsync is not FsyncPolicy.ALWAYS:
+            return None
+        with self._lock:
+            self._check_open()
+            target, truncations = self.log_end_offset, self._truncations
+        with self._sync_cond:
+            return (SyncTicket(target, truncations) if self._durable_offset < target
+                    else None)
+
+    def claim_synced(self, ticket: SyncTicket) -> None:
+        """A filesystem-wide sync that began after `ticket` was taken has returned: what the
+        ticket names is durable (unless a truncation came in between)."""
+        with self._sync_cond:
+            if ticket.truncations == self._truncations:
+                self._durable_offset = max(self._durable_offset, ticket.target)
+            self._last_sync_ms = self._clock()
+            self._sync_cond.notify_all()
 
     def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
         with self._lock:
