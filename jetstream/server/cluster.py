@@ -72,6 +72,7 @@ from jetstream.security.tls import client_ssl
 from jetstream.server.config import BrokerConfig
 from jetstream.server.gatekeeper import peer_credentials
 from jetstream.server.metadata_batches import Batch, Batcher
+from jetstream.server.peer_links import PeerLinks
 from jetstream.stream.reserve import DiskReserve
 from jetstream.tasks import cancel_and_wait
 
@@ -87,7 +88,9 @@ REPORT_TIMEOUT_S = 2.0
 LIVE_POLL_S = 0.05
 #: How long a create waits for every partition's leader broker to serve it.
 SERVED_WAIT_S = 10.0
-SERVED_POLL_S = 0.05
+#: Pauses between its checks: short at first (a leader elsewhere usually serves within a
+#: few ms of the create's commit), then every 50 ms.
+SERVED_POLLS_S = (0.002, 0.005, 0.01, 0.02, 0.05)
 
 
 def now_ms() -> int:
@@ -113,6 +116,8 @@ class Cluster:
         self._controller: FailoverController | None = None
         self._full_disk = FullDiskHandOver(config.broker_id)
         self._tasks: set[asyncio.Task[object]] = set()
+        #: Kept-open connections to the other brokers (served checks, failure reports).
+        self.peers = PeerLinks(self._dial)
         self._isr_changes = Batcher[ChangeIsr]("isr", ChangeIsrs, self._propose_batch)
         self._leader_changes = Batcher[ChangeLeader]("leader", ChangeLeaders,
                                                      self._propose_batch)
@@ -302,71 +307,54 @@ class Cluster:
         address = self.address_of(leader)
         if address is None:
             return False
-        conn = BrokerConnection(address, client_id=f"replica-{self.broker_id}",
+        await self.peers.request(address, request)
+        return True
+
+    def _dial(self, address: str) -> BrokerConnection:
+        return BrokerConnection(address, client_id=f"broker-{self.broker_id}",
                                 connect_timeout_s=REPORT_TIMEOUT_S,
                                 request_timeout_s=REPORT_TIMEOUT_S,
                                 tls=client_ssl(self.config.peer_tls),
                                 credentials=peer_credentials(self.config))
-        try:
-            await conn.open()
-            await conn.request(request)
-        finally:
-            await conn.close()
-        return True
 
     async def wait_served(self, stream: str, led_here: Callable[[str, int], bool],
                           timeout_s: float = SERVED_WAIT_S) -> bool:
         """Until every partition of `stream` is served by the broker the metadata names its
         leader (its leader role runs there: subscribed to NATS, answering fetches), so that
         a publish right after a create finds it; False when `timeout_s` passed first. Other
-        brokers are asked with METADATA (a leader describes its partitions' offsets)."""
+        brokers are asked with METADATA (a leader describes its partitions' offsets), again
+        after 2, 5, 10, 20 ms, then every 50 ms."""
         deadline = time.monotonic() + timeout_s
-        conns: dict[int, BrokerConnection] = {}
-        try:
-            while True:
-                waiting = await self._unserved(stream, led_here, conns)
-                if not waiting:
-                    return True
-                if time.monotonic() > deadline:
-                    log.warning("%s: partitions %s not served by their leaders within %.0f s",
-                                stream, sorted(waiting)[:10], timeout_s)
-                    return False
-                await asyncio.sleep(SERVED_POLL_S)
-        finally:
-            for conn in conns.values():
-                await conn.close()
+        pauses = iter(SERVED_POLLS_S)
+        while waiting := await self._unserved(stream, led_here):
+            if time.monotonic() > deadline:
+                log.warning("%s: partitions %s not served by their leaders within %.0f s",
+                            stream, sorted(waiting)[:10], timeout_s)
+                return False
+            await asyncio.sleep(next(pauses, SERVED_POLLS_S[-1]))
+        return True
 
-    async def _unserved(self, stream: str, led_here: Callable[[str, int], bool],
-                        conns: dict[int, BrokerConnection]) -> set[int]:
+    async def _unserved(self, stream: str, led_here: Callable[[str, int], bool]) -> set[int]:
         by_leader: dict[int, set[int]] = {}
         for p in self.metadata.state.stream_partitions(stream):
             if not (p.leader == self.broker_id and led_here(stream, p.partition)):
                 by_leader.setdefault(p.leader, set()).add(p.partition)
         waiting: set[int] = set()
         for leader, partitions in by_leader.items():
-            if leader == self.broker_id:
+            address = self.address_of(leader) if leader != self.broker_id else None
+            if address is None:
                 waiting |= partitions
                 continue
             try:
-                conn = conns.get(leader)
-                if conn is None or conn.closed:
-                    address = self.address_of(leader)
-                    if address is None:
-                        raise OSError(f"address of broker {leader} unknown")
-                    conn = conns[leader] = BrokerConnection(
-                        address, client_id=f"broker-{self.broker_id}",
-                        connect_timeout_s=REPORT_TIMEOUT_S, request_timeout_s=REPORT_TIMEOUT_S,
-                        tls=client_ssl(self.config.peer_tls),
-                        credentials=peer_credentials(self.config))
-                    await conn.open()
-                answer = await conn.request(m.MetadataRequest([stream]))
-                assert isinstance(answer, m.MetadataResponse)
-                served = {entry["partition"] for described in answer.streams
-                          for entry in described.get("partitions", [])
-                          if entry.get("leader") == leader and "high_watermark" in entry}
-                waiting |= partitions - served
+                answer = await self.peers.request(address, m.MetadataRequest([stream]))
             except (JetstreamError, OSError):
                 waiting |= partitions
+                continue
+            assert isinstance(answer, m.MetadataResponse)
+            served = {entry["partition"] for described in answer.streams
+                      for entry in described.get("partitions", [])
+                      if entry.get("leader") == leader and "high_watermark" in entry}
+            waiting |= partitions - served
         return waiting
 
     def live_brokers(self) -> tuple[int, ...]:
@@ -395,13 +383,17 @@ class Cluster:
     # -- stop ------------------------------------------------------------------------------------
 
     async def hand_over(self, led: list[tuple[str, int]]) -> None:
-        """Move the leadership of each partition in `led` to an in-sync follower."""
+        """Move the leadership of each partition in `led` to an in-sync follower that is
+        live (its metadata Raft connection is up, as for Kafka's controlled shutdown): a
+        proposal naming a broker that is gone would make the partition unavailable if it
+        committed, and one made without a quorum may sit in the Raft log and commit later."""
         changes = []
+        live = set(self.live_brokers())
         for stream, partition in led:
             state = self.metadata.state.partitions.get((stream, partition))
             if state is None or state.leader != self.broker_id:
                 continue
-            candidates = self._successors(state)
+            candidates = [b for b in self._successors(state) if b in live]
             if candidates:
                 changes.append(ChangeLeader(stream, partition, state.leader_epoch,
                                             candidates[0]))
@@ -443,6 +435,7 @@ class Cluster:
         return successors(state.replicas, state.isr, self.broker_id)
 
     async def close(self) -> None:
+        await self.peers.close()
         await self._isr_changes.close()
         await self._leader_changes.close()
         await cancel_and_wait(*self._tasks)
@@ -479,6 +472,10 @@ class Cluster:
             lines += [f"# HELP jetstream_leader_rebalance_{name}_total {text}",
                       f"# TYPE jetstream_leader_rebalance_{name}_total counter",
                       f"jetstream_leader_rebalance_{name}_total {value}"]
+        lines += [("# HELP jetstream_cluster_peer_links_opened_total Connections to other "
+                   "brokers opened for cluster requests (kept open and shared)."),
+                  "# TYPE jetstream_cluster_peer_links_opened_total counter",
+                  f"jetstream_cluster_peer_links_opened_total {self.peers.opened}"]
         return lines
 
     def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:

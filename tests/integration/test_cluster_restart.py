@@ -56,6 +56,9 @@ async def _keeps_its_leadership(cluster: list[BrokerProcess]) -> None:
     # With no quorum left the leader cannot hand its leadership over: it stays the leader
     # in the metadata, and stops cleanly.
     assert leader.stop() == 0
+    # Its followers are gone: it proposed no hand-over (one made without a quorum could sit
+    # in the Raft log and commit after the restart, to a broker that may not be back).
+    assert "hand-over of" not in leader.log_path.read_text()
     assert all((b.data_dir / CLEAN_STOP_FILE).exists() for b in cluster)
     for broker in cluster:
         broker.start(wait=False)

@@ -1,7 +1,8 @@
 """Metadata work proportional to what changed: on a real 3-broker cluster, creating a stream
 or changing an ISR costs the same whether 20 or 60 streams exist. Structural counters
 (/metrics), not timings: partitions the reconciles looked at, bytes written to the epoch
-fence, partitions the failover controller examined, and Raft proposals per ISR burst."""
+fence, partitions the failover controller examined, connections opened to other brokers,
+and Raft proposals per ISR burst."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ COUNTERS = ("jetstream_roles_reconcile_partitions_examined_total",
             "jetstream_epoch_fence_compactions_total",
             "jetstream_failover_partitions_examined_total",
             "jetstream_failover_partitions_indexed_total",
-            "jetstream_failover_ticks_total")
+            "jetstream_failover_ticks_total",
+            "jetstream_cluster_peer_links_opened_total")
 
 
 @pytest.fixture
@@ -87,6 +89,9 @@ async def test_a_create_costs_the_same_whatever_the_streams(
         assert cost["jetstream_epoch_fence_bytes_written_total"] <= 3 * 2 * 40, cost
         assert cost["jetstream_failover_partitions_examined_total"] == 0, cost
         assert cost["jetstream_failover_partitions_indexed_total"] == 0, cost
+        # Asking the partition's leader broker whether it serves it yet reuses a kept
+        # connection (opened by the first creates): none is opened per create.
+        assert cost["jetstream_cluster_peer_links_opened_total"] == 0, cost
     for name in COUNTERS[:2]:
         assert many[name] <= few[name] * 1.25 + 1, (name, few[name], many[name])
 
