@@ -29,7 +29,7 @@ from jetstream.raft_meta.fsm import (
     StaleMetadataEpoch,
 )
 from jetstream.raft_meta.model import BrokerInfo, PartitionState, StreamConfig
-from jetstream.raft_meta.raft import DUMP_FILE, RaftMetadata
+from jetstream.raft_meta.raft import COMPACT_ENTRIES_MIN, DUMP_FILE, RaftMetadata
 
 ELECTION_DEADLINE_S = 5.0
 FAILOVER_DEADLINE_S = 8.0
@@ -423,3 +423,17 @@ def test_importing_the_raft_store_leaves_socket_inet_ntop_working() -> None:
     import jetstream.raft_meta.raft  # noqa: F401
 
     assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"
+
+
+async def test_compact_writes_the_dump_and_cuts_a_long_journal(cluster: Cluster) -> None:
+    """What a clean stop calls: the next start loads the dump instead of replaying."""
+    leader = await cluster.leader()
+    await cluster.register_brokers(leader)
+    assert await leader.compact()  # a short journal: nothing to do
+    for i in range(COMPACT_ENTRIES_MIN + 6):
+        await leader.propose(CreateStream(StreamConfig(f"s{i}", f"s.{i}")))
+    before = leader.status()["log_length"]
+    assert before > COMPACT_ENTRIES_MIN
+    assert await leader.compact()
+    assert (leader.directory / DUMP_FILE).exists()
+    assert leader.status()["log_length"] < COMPACT_ENTRIES_MIN < before
