@@ -206,6 +206,13 @@ class Roles:
                 self.reconcile(), name="start-followers")
             self._followers_start.add_done_callback(_log_start_failure)
 
+    async def settled(self) -> None:
+        """Return once the followers `enable` left to start have started (or failed to,
+        or were cancelled: the next reconcile takes them)."""
+        task = self._followers_start
+        if task is not None:
+            await asyncio.wait({task})
+
     async def disable(self) -> None:
         """Take no more roles (waits for a reconcile under way)."""
         await cancel_and_wait(self._followers_start)
