@@ -17,7 +17,6 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -194,8 +193,6 @@ def _server(args: argparse.Namespace) -> int:
     async def run() -> None:
         await broker.start(stop_on_signals=True)
         _freeze_startup_objects()
-        # The followers start after ready (Roles.enable): their objects live as long too.
-        frozen_again = asyncio.create_task(_freeze_when(broker.roles_settled()))
         info = broker.describe_self()
         if args.json:
             print(json.dumps({"event": "ready", "brokers": f"{info['host']}:{info['port']}",
@@ -207,15 +204,9 @@ def _server(args: argparse.Namespace) -> int:
                   f"{info['port']}  http {http}://{info['host']}:{info['http_port']}  "
                   f"nats {info['nats_url']}", flush=True)
         await broker.run_until_stopped()
-        frozen_again.cancel()
 
     asyncio.run(run())
     return 0
-
-
-async def _freeze_when(settled: Awaitable[None]) -> None:
-    await settled
-    _freeze_startup_objects()
 
 
 def _dump_stacks_on_sigusr1() -> None:

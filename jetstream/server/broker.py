@@ -121,12 +121,6 @@ class Broker:
         await self.start(stop_on_signals=True)
         await self.run_until_stopped()
 
-    async def roles_settled(self) -> None:
-        """Return once the roles `start` began are all running (the followers start after
-        ready); at once when there are none or they stopped."""
-        if self._roles is not None:
-            await self._roles.settled()
-
     async def run_until_stopped(self) -> None:
         self._stop_on_signals()
         try:

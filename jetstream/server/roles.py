@@ -66,7 +66,6 @@ from jetstream.stream.dir_lock import LOGS_LOCK_FILE, DirLock
 from jetstream.stream.fs_sync import FileSystemSync
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log, close_all
-from jetstream.tasks import cancel_and_wait
 from jetstream.tiered.partition_tier import TierConfig
 from jetstream.tiered.service import Tiering
 from jetstream.tiered.settings import settings_of
@@ -85,12 +84,6 @@ ROLES_CHANGED_TOGETHER = 128
 def stream_version_marker(created_version: int) -> bytes:
     """What the STREAM_VERSION_FILE of a log of the stream `created_version` holds."""
     return str(created_version).encode()
-
-
-def _log_start_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("starting the followers failed (the next reconcile retries)",
-                  exc_info=task.exception())
 
 
 async def _all_of(steps: list[Awaitable[None]]) -> None:
@@ -166,8 +159,6 @@ class Roles:
         #: The created_version of the stream each open log belongs to.
         self._log_versions: dict[PartitionKey, int] = {}
         self._lock = asyncio.Lock()
-        #: The followers `enable` left to start after the leaders.
-        self._followers_start: asyncio.Task[None] | None = None
         self._dirty = Dirty()
         self.metrics = ReconcileMetrics()
         self.enabled = False
@@ -187,35 +178,13 @@ class Roles:
             config, cluster.address_of if cluster is not None else _no_address, disk)
 
     async def enable(self) -> None:
-        """Take roles from now on, and reconcile everything. Returns once the leaders run;
-        the followers start in the background after that (a broker that starts serves
-        its leaderships first: thousands of followers take a second or more to open)."""
+        """Take roles from now on, and reconcile everything."""
         self.enabled = True
         self._dirty.add(EVERYTHING)
-        async with self._lock:
-            if not self._dirty:
-                return
-            change = self._dirty.take()
-            try:
-                await self._reconcile(change, followers_later=True)
-            except BaseException:
-                self._dirty.add(change)
-                raise
-        if self._dirty:
-            self._followers_start = asyncio.get_running_loop().create_task(
-                self.reconcile(), name="start-followers")
-            self._followers_start.add_done_callback(_log_start_failure)
-
-    async def settled(self) -> None:
-        """Return once the followers `enable` left to start have started (or failed to,
-        or were cancelled: the next reconcile takes them)."""
-        task = self._followers_start
-        if task is not None:
-            await asyncio.wait({task})
+        await self.reconcile()
 
     async def disable(self) -> None:
         """Take no more roles (waits for a reconcile under way)."""
-        await cancel_and_wait(self._followers_start)
         async with self._lock:
             self.enabled = False
 
@@ -241,9 +210,7 @@ class Roles:
                 self._dirty.add(change)
                 raise
 
-    async def _reconcile(self, change: Touched, followers_later: bool = False) -> None:
-        """`followers_later`: start the leaders only, and leave the followers to start
-        dirty for the next reconcile."""
+    async def _reconcile(self, change: Touched) -> None:
         state = self._metadata.state
         me = self._config.broker_id
         clustered = self._cluster is not None
@@ -279,15 +246,12 @@ class Roles:
             gone=[k for k in keys if k[0] not in state.streams],
             streams=state.streams.keys() if change.everything else None)
         leading = [p for p in admitted.values() if p.leader == me]
+        for key, partition in admitted.items():
+            if partition.leader != me:
+                await self._start_follower(state.streams[key[0]], partition)
         # In waves: the leaders of one loop turn share the PING that confirms their NATS
         # subscriptions (a wave bounds the work between a wait's start and its PONG).
         await _all_of([self._start_leader(state.streams[p.stream], p) for p in leading])
-        following = [key for key, p in admitted.items() if p.leader != me]
-        if followers_later and following:
-            self._dirty.add(Touched(keys=frozenset(following)))
-        else:
-            for key in following:
-                await self._start_follower(state.streams[key[0]], admitted[key])
         self.tiering.retain(self.leaders.keys() | self.followers.keys())
         kept = wanted.keys() if clustered else state.partitions.keys()
         if change.everything:
@@ -299,7 +263,6 @@ class Roles:
 
     async def stop_all(self) -> None:
         """Stop every role and close every log (the broker is stopping)."""
-        await cancel_and_wait(self._followers_start)
         async with self._lock:
             self.enabled = False
             for key in list(self.leaders):
