@@ -16,11 +16,11 @@ fewer, shared, commits (measured here: 2,000 one-record appends with fsync in 4 
 took 30 % less time this way).
 
 A call may also name the log its `then` makes durable (`durable`). When a turn brings at
-least `group_min` of them and the broker has a `FileSystemSync` (jetstream.stream.fs_sync),
-the turn runs as one job: every call, then one `syncfs` of the data directory's filesystem
-in place of those logs' fsyncs, each log told what it now covers (`Log.sync_ticket` before,
-`Log.claim_synced` after). Logs with nothing to make durable that way (policy `interval`)
-run their `then` as before.
+least `group_min` of them whose policy is `always` and the broker has a `FileSystemSync`
+(jetstream.stream.fs_sync), the turn runs as one job: every call, then one `syncfs` of the
+data directory's filesystem in place of those logs' fsyncs, each log told what it now covers
+(`Log.sync_ticket` before, `Log.claim_synced` after). Logs with nothing to make durable that
+way (policy `interval`) run their `then` as before.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from concurrent.futures import Executor
 from functools import partial
 from typing import Any, TypeVar
 
+from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.fs_sync import FileSystemSync
 from jetstream.stream.log import Log, SyncTicket
 
@@ -93,6 +94,13 @@ def _run_thens(calls: list[_Step], outcomes: list[_Outcome], skipped: set[int]) 
                 outcomes[i] = (False, exc)
 
 
+def _fsyncing(queued: list[_Call]) -> int:
+    """The calls whose `then` fsyncs their log (policy ALWAYS): a group's syncfs may stand
+    in for those (others keep their `then`, run side by side in jobs)."""
+    return sum(1 for _fn, _then, log, _future in queued
+               if log is not None and log.config.fsync is FsyncPolicy.ALWAYS)
+
+
 def _settle(futures: list[asyncio.Future[Any]], outcomes: list[_Outcome]) -> None:
     for future, (ok, value) in zip(futures, outcomes, strict=True):
         if future.cancelled():
@@ -107,14 +115,13 @@ class BatchedCalls:
     def __init__(self, executor: Executor, jobs_max: int, fs: FileSystemSync | None = None,
                  group_min: int = 0) -> None:
         """`fs` and `group_min` (0: never): a turn with at least `group_min` durable calls
-        makes them durable with one `fs.sync()`."""
+        whose logs fsync each append makes them durable with one `fs.sync()`."""
         assert jobs_max > 0 and group_min >= 0
         self._executor = executor
         self._jobs_max = jobs_max
         self._fs = fs if group_min else None
         self._group_min = group_min
         self._queued: list[_Call] = []
-        self._durable_queued = 0
         self.jobs = 0
         self.calls = 0
         #: Turns run as one group (each with one syncfs, unless too few logs needed one).
@@ -130,14 +137,12 @@ class BatchedCalls:
         if not self._queued:
             loop.call_soon(self._submit, loop)
         self._queued.append((fn, then, durable, future))
-        self._durable_queued += durable is not None
         return future
 
     def _submit(self, loop: asyncio.AbstractEventLoop) -> None:
         queued, self._queued = self._queued, []
-        durable, self._durable_queued = self._durable_queued, 0
         self.calls += len(queued)
-        if self._fs is not None and durable >= self._group_min:
+        if self._fs is not None and _fsyncing(queued) >= self._group_min:
             job = self._executor.submit(_run_grouped, [c[:3] for c in queued], self._fs,
                                         self._group_min)
             job.add_done_callback(partial(_call_back, loop, [c[3] for c in queued]))

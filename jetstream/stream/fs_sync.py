@@ -52,7 +52,6 @@ class FileSystemSync:
     def __init__(self, directory: Path, syncfs: Callable[[int], int]) -> None:
         self.directory = directory
         self._fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        self.device = os.fstat(self._fd).st_dev
         self._syncfs = syncfs
         self._lock = threading.Lock()
         #: syncfs calls made, and those that failed (`jetstream_fsync_group_*` metrics).
@@ -78,13 +77,6 @@ class FileSystemSync:
         syncfs.restype = ctypes.c_int
         call: Callable[[int], int] = syncfs
         return cls(directory, call)
-
-    def covers(self, directory: Path) -> bool:
-        """`directory` is on this filesystem."""
-        try:
-            return os.stat(directory).st_dev == self.device
-        except OSError:
-            return False
 
     def sync(self) -> None:
         """Return once everything written on this filesystem so far is durable; OSError if
