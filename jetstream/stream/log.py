@@ -434,11 +434,14 @@ class Log(LogReads):
     # -- truncation and retention ---------------------------------------------------------------
 
     def truncate_to(self, offset: int) -> None:
-        """Remove every record at or past `offset` (a no-op at or past the LEO). Used by a
-        follower to drop a suffix its leader does not have."""
+        """Remove every record at or past `offset` (none at or past the LEO). Used by a
+        follower to drop a suffix its leader does not have. Epochs that begin at the LEO go
+        too: they hold no record (this replica led them for an instant), and a leader whose
+        log goes on in an older epoch would see its batches refused as stale."""
         with self._lock:
             self._check_open()
             if offset >= self.log_end_offset:
+                self.epochs.truncate_from_end(self.log_end_offset)
                 return
             if offset < self.log_start_offset:
                 raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset)

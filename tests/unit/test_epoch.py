@@ -271,6 +271,21 @@ def test_log_follower_appends_assign_epochs(tmp_path: Path) -> None:
         assert follower.log_end_offset == 45
 
 
+def test_an_epoch_led_without_records_gives_way_when_the_replica_follows(
+        tmp_path: Path) -> None:
+    """A replica that led epoch 4 for an instant, appending nothing, then follows a leader
+    whose log continues in epoch 3: truncating to its log end drops the empty epoch, so the
+    leader's epoch-3 batches are taken (they were refused as stale, and the follower stuck)."""
+    with open_log(tmp_path) as log:
+        log.append([fmt.Record(b"a"), fmt.Record(b"b")], leader_epoch=3)
+        log.start_leader_epoch(4)
+        assert pairs(log.epochs) == [(3, 0), (4, 2)]
+        log.truncate_to(log.log_end_offset)
+        assert pairs(log.epochs) == [(3, 0)]
+        log.append_batches(fmt.encode_batch(2, 3, [fmt.Record(b"c")], 1))
+        assert log.log_end_offset == 3 and pairs(log.epochs) == [(3, 0)]
+
+
 def test_log_truncation_truncates_epochs(tmp_path: Path) -> None:
     with open_log(tmp_path, retention_messages=15) as log:
         append_epochs(log, PLAN)
