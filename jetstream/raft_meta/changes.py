@@ -22,6 +22,7 @@ from jetstream.raft_meta.fsm import (
     ChangeLeader,
     ChangeLeaders,
     Command,
+    ControlledShutdown,
     Created,
     CreateStream,
     DeleteStream,
@@ -84,7 +85,7 @@ def touched(command: Command | StateRestored, result: Any) -> Touched:
                                      if isinstance(s, PartitionState)))
         case RegisterBroker() | StateRestored():
             return EVERYTHING
-        case AddAcls() | RemoveAcls():
+        case AddAcls() | RemoveAcls() | ControlledShutdown():
             return NOTHING
         case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
                 | ds.AssignTasks() | ds.RenewTaskEpoch() | ds.DrainTasks() \

@@ -21,6 +21,7 @@ from jetstream.raft_meta.fsm import (
     ChangeLeader,
     ChangeLeaders,
     Command,
+    ControlledShutdown,
     CreateStream,
     DeleteStream,
     RegisterBroker,
@@ -36,6 +37,8 @@ def encode_command(command: Command) -> dict[str, Any]:
     match command:
         case RegisterBroker(broker=broker):
             return {"type": "RegisterBroker", "broker": broker.to_dict()}
+        case ControlledShutdown(broker=broker, active=active):
+            return {"type": "ControlledShutdown", "broker": broker, "active": active}
         case CreateStream(config=config, live=live):
             return {"type": "CreateStream", "config": config.to_dict(),
                     "live": None if live is None else list(live)}
@@ -68,6 +71,8 @@ def decode_command(data: Mapping[str, Any]) -> Command:
     kind = data.get("type")
     if kind == "RegisterBroker":
         return RegisterBroker(BrokerInfo(**data["broker"]))
+    if kind == "ControlledShutdown":
+        return ControlledShutdown(int(data["broker"]), bool(data["active"]))
     if kind == "CreateStream":
         live = data.get("live")  # absent in journals written before it
         return CreateStream(StreamConfig.from_dict(data["config"]),

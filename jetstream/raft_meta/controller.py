@@ -6,7 +6,8 @@ leader also knows which brokers are connected to the Raft group (`on_broker_seen
 partition's leader is replaced when a majority of its in-sync followers reported it within
 `report_window_ms` for the current leader epoch, or when its broker has not been seen for
 `broker_timeout_ms`. The new leader comes from the ISR only (every ISR member holds every
-committed record), never from outside it; the failed leader leaves the ISR. Decisions are
+committed record), never from outside it, and never is a broker shutting down (it would
+only hand the leadership on); the failed leader leaves the ISR. Decisions are
 `ChangeLeader` commands, compare-and-set on the epoch the reports were about, so a decision
 made on stale state is refused by the state machine rather than applied.
 
@@ -23,6 +24,7 @@ Time comes in as `now_ms`; nothing here does IO.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from jetstream.raft_meta.fsm import ChangeLeader, MetadataState
@@ -92,7 +94,7 @@ class FailoverController:
             if partition is None or self._decided.get(key) == partition.leader_epoch:
                 continue
             if self._leader_failed(partition, now_ms):
-                new_leader = self.choose_leader(partition, now_ms)
+                new_leader = self.choose_leader(partition, now_ms, state.shutting_down)
                 if new_leader is None:
                     self._waiting.add(key)  # no live ISR member yet: look again next time
                     continue
@@ -138,13 +140,15 @@ class FailoverController:
             return True
         return now_ms - seen <= self.broker_timeout_ms
 
-    def choose_leader(self, partition: PartitionState, now_ms: int) -> int | None:
-        """The next leader: an ISR member other than the failed leader, alive, in the
-        order of the replica list (the preferred replicas first). None when there is none:
-        the partition stays unavailable rather than lose committed records."""
+    def choose_leader(self, partition: PartitionState, now_ms: int,
+                      shutting_down: Collection[int] = ()) -> int | None:
+        """The next leader: an ISR member other than the failed leader, alive and not
+        `shutting_down`, in the order of the replica list (the preferred replicas first).
+        None when there is none: the partition stays unavailable rather than lose committed
+        records (a whole cluster that stops leaves each leadership where it was)."""
         for broker in partition.replicas:
-            if broker != partition.leader and broker in partition.isr and self._alive(
-                    broker, now_ms):
+            if broker != partition.leader and broker in partition.isr and \
+                    broker not in shutting_down and self._alive(broker, now_ms):
                 return broker
         return None
 

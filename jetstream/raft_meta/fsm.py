@@ -53,12 +53,35 @@ class StaleMetadataEpoch(JetstreamError):
                          expected_epoch=expected_epoch, current_epoch=current_epoch)
 
 
+class BrokerShuttingDown(JetstreamError):
+    """A leader change named a broker that is shutting down (`ControlledShutdown`): it would
+    only have to hand the leadership on, or keep it while it stops. Choose another in-sync
+    replica, or wait until that broker has started again."""
+
+    code = "BROKER_SHUTTING_DOWN"
+    retriable = True
+
+    def __init__(self, broker: int) -> None:
+        super().__init__(f"broker {broker} is shutting down", broker=broker)
+
+
 # -- commands ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class RegisterBroker:
     broker: BrokerInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ControlledShutdown:
+    """A broker that is stopping (`active`) takes no leadership from now on: hand-overs,
+    failovers and preferred-leader rounds pass it over, and a leader change naming it is
+    refused. Proposed again with `active` False when it starts (Kafka's controlled
+    shutdown, whose controller likewise elects no broker that is shutting down)."""
+
+    broker: int
+    active: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +157,8 @@ class RemoveAcls:
 #: The outcome of one item of a batch: the partition's new state, or why it was refused.
 ItemOutcome = PartitionState | JetstreamError
 
-Command = (RegisterBroker | CreateStream | DeleteStream | UpdateStream | ChangeLeader | ChangeIsr
-            | ChangeLeaders | ChangeIsrs | AddAcls | RemoveAcls
+Command = (RegisterBroker | ControlledShutdown | CreateStream | DeleteStream | UpdateStream
+            | ChangeLeader | ChangeIsr | ChangeLeaders | ChangeIsrs | AddAcls | RemoveAcls
             # Datastreams' commands (jetstream.datastreams.commands).
             | ds.CreateDatastream | ds.DeleteDatastream | ds.PauseDatastream | ds.AssignTasks
             | ds.RenewTaskEpoch | ds.DrainTasks
@@ -170,6 +193,8 @@ class MetadataState:
         self.datastreams: dict[str, DatastreamState] = {}
         #: Brokers that stopped their datastream tasks to stop (value: the version then).
         self.datastream_draining: dict[int, int] = {}
+        #: Brokers shutting down (ControlledShutdown; value: the version that marked them).
+        self.shutting_down: dict[int, int] = {}
 
     def apply(self, command: Command) -> Any:
         """Apply one command; raises a JetstreamError (state unchanged) when it is refused."""
@@ -183,6 +208,15 @@ class MetadataState:
     def _apply_RegisterBroker(self, command: RegisterBroker) -> BrokerInfo:
         self.brokers[command.broker.id] = command.broker
         return command.broker
+
+    def _apply_ControlledShutdown(self, command: ControlledShutdown) -> bool:
+        """Mark or unmark a broker shutting down; whether this changed anything."""
+        if command.active:
+            if command.broker in self.shutting_down:
+                return False
+            self.shutting_down[command.broker] = self.version
+            return True
+        return self.shutting_down.pop(command.broker, None) is not None
 
     def _apply_CreateStream(self, command: CreateStream) -> Created:
         config = command.config
@@ -224,6 +258,8 @@ class MetadataState:
         if command.leader not in state.isr:
             raise InvalidStreamConfig(
                 f"broker {command.leader} is not in the ISR {list(state.isr)}", field="leader")
+        if command.leader in self.shutting_down and command.leader != state.leader:
+            raise BrokerShuttingDown(command.leader)
         # The old leader leaves the ISR (it failed, or is handing over): the new leader's HW
         # must not wait for it. It rejoins as a follower once caught up.
         isr = tuple(b for b in state.isr if b != state.leader or b == command.leader)
@@ -353,6 +389,7 @@ class MetadataState:
             "acl_version": self.acl_version,
             "datastreams": [d.to_dict() for d in self.datastreams.values()],
             "datastream_draining": [[b, v] for b, v in self.datastream_draining.items()],
+            "shutting_down": [[b, v] for b, v in self.shutting_down.items()],
         }
 
     @classmethod
@@ -375,6 +412,8 @@ class MetadataState:
             state.datastreams[datastream.name] = datastream
         for broker, version in data.get("datastream_draining", ()):
             state.datastream_draining[int(broker)] = int(version)
+        for broker, version in data.get("shutting_down", ()):  # absent before it
+            state.shutting_down[int(broker)] = int(version)
         return state
 
 

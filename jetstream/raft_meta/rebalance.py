@@ -7,11 +7,11 @@ controlled stop or a full disk moves leaderships to other replicas, and nothing 
 back, so after a broker comes back the others lead more than their share. Every
 `leader_imbalance_check_interval_ms` the metadata leader counts, per broker, the partitions
 that prefer it and how many of them another broker leads; where that share is above
-`leader_imbalance_per_broker_percentage`, each such partition whose preferred broker is live
-and in its ISR (so it holds every committed record) gets a `ChangeLeader` back to it,
-compare-and-set on the epoch seen, as a failover decision is. A partition whose leader is
-not live is left to the failover controller. At most `limit` changes a round; the caller
-runs the next round at once while the last one was cut short.
+`leader_imbalance_per_broker_percentage`, each such partition whose preferred broker is
+live, not shutting down and in its ISR (so it holds every committed record) gets a
+`ChangeLeader` back to it, compare-and-set on the epoch seen, as a failover decision is.
+A partition whose leader is not live is left to the failover controller. At most `limit`
+changes a round; the caller runs the next round at once while the last one was cut short.
 
 Work per round is one pass over the partitions, at the check interval only. Nothing here
 does IO.
@@ -41,7 +41,8 @@ def preferred_leader_changes(state: MetadataState, live: Collection[int],
     changes: list[ChangeLeader] = []
     for broker in sorted(elsewhere):
         moved = elsewhere[broker]
-        if broker not in live or len(moved) * 100 <= imbalance_percentage * preferring[broker]:
+        if broker not in live or broker in state.shutting_down or \
+                len(moved) * 100 <= imbalance_percentage * preferring[broker]:
             continue
         for p in sorted(moved, key=lambda p: (p.stream, p.partition)):
             if broker in p.isr and p.leader in live:

@@ -365,9 +365,10 @@ class Broker:
             await self._datastreams.stop(hand_off=hand_over)
         roles = self._roles
         if self._cluster is not None and roles is not None and roles.enabled and hand_over:
+            await self._cluster.mark_shutting_down()  # before it looks at what it leads
             await self._cluster.hand_over(sorted(roles.leaders))
         if roles is not None:
-            await roles.disable()
+            await roles.stop_followers()
         await cancel_and_wait(self._failover_task)
         await cancel_and_wait(self._disk_task)
         if self._socket_api is not None:

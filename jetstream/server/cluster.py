@@ -28,8 +28,16 @@ leaderships that failovers, stops or full disks moved away go back to their firs
 once it is live and in sync, for brokers above the imbalance percentage (at most
 REBALANCE_CHANGES_MAX a round; a round cut short is followed by the next at once).
 
-Graceful stop: each partition this broker leads is handed to its first in-sync follower in
-replica order (ChangeLeader), waited for, before the broker leaves.
+Graceful stop (Kafka's controlled shutdown): the broker first marks itself shutting down in
+the metadata (ControlledShutdown): from then on no leadership goes to it, not by hand-over,
+failover or preferred-leader round, and the state machine refuses a leader change naming
+it. It waits up to `controlled_shutdown_wait_ms` for the other live brokers to be marked
+too (brokers stopped together mark themselves within moments of each other). Then each
+partition it leads is handed to its first in-sync follower in replica order that is live
+and not shutting down (ChangeLeader), waited for, before the broker leaves. Brokers that
+stop together so keep their leaderships instead of passing them around (each would start
+the roles it is handed as it stops, and start again with more than its share). A starting
+broker takes its mark off before it takes any role (`join`).
 
 A full disk: at each of the broker's disk checks, while its data disk is above the high
 watermark, each partition it leads is handed to an in-sync follower that has room, once per
@@ -57,10 +65,12 @@ from jetstream.isr.leader import ProposeIsr
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.controller import FailoverController
 from jetstream.raft_meta.fsm import (
+    BrokerShuttingDown,
     ChangeIsr,
     ChangeIsrs,
     ChangeLeader,
     ChangeLeaders,
+    ControlledShutdown,
     ItemOutcome,
     RegisterBroker,
     StaleMetadataEpoch,
@@ -85,6 +95,10 @@ REBALANCE_CHANGES_MAX = 500
 READY_TIMEOUT_S = 120.0
 RETRY_S = 0.2
 REPORT_TIMEOUT_S = 2.0
+#: Longest wait for the metadata to commit a stopping broker's ControlledShutdown mark.
+MARK_TIMEOUT_S = 2.0
+#: How often a stopping broker looks whether the other live brokers are marked too.
+SHUTDOWN_POLL_S = 0.01
 LIVE_POLL_S = 0.05
 #: How long a create waits for every partition's leader broker to serve it.
 SERVED_WAIT_S = 10.0
@@ -134,16 +148,30 @@ class Cluster:
     # -- start -----------------------------------------------------------------------------------
 
     async def join(self, me: BrokerInfo) -> None:
-        """Wait for the metadata to catch up with a leader, then register this broker."""
+        """Wait for the metadata to catch up with a leader, then register this broker and
+        take off the mark of its last controlled shutdown.
+
+        The unmarking is proposed even when there is no mark, and waited for: once it is
+        applied here, so is everything committed before it. pysyncobj calls a broker caught
+        up once it applied what the leader says is committed, but a leader elected as the
+        whole cluster starts again may not know yet how far its log was committed (Raft
+        learns that only when an entry of the new term commits): a broker that went on
+        from there could see a state without its own leaderships and resume their old
+        epochs."""
         await self.metadata.wait_ready(READY_TIMEOUT_S)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while self.metadata.state.brokers.get(me.id) != me:
+        while True:
+            registered = self.metadata.state.brokers.get(me.id) == me
+            command = ControlledShutdown(me.id, False) if registered else RegisterBroker(me)
             try:
-                await self.metadata.propose(RegisterBroker(me))
+                await self.metadata.propose(command)
             except MetadataUnavailable:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(RETRY_S)
+                continue
+            if registered:
+                return
 
     async def renew_leaderships(self, *, stopped_cleanly: bool = False) -> None:
         """Move every partition this starting broker still leads to a new leader epoch.
@@ -166,7 +194,7 @@ class Cluster:
                    if key in partitions and partitions[key].leader_epoch == epoch]
             if not led:
                 return
-            live = set(self.live_brokers())
+            live = self.leader_candidates()
             changes = []
             for p in led:
                 others = [r for r in self._successors(p) if r in live]
@@ -177,8 +205,8 @@ class Cluster:
             outcomes = await self._change_leaders(changes)
             for outcome in outcomes:
                 if isinstance(outcome, PartitionState | StaleMetadataEpoch | UnknownStream
-                              | UnknownPartition):
-                    continue  # done, or changed (or deleted) meanwhile: no old epoch left
+                              | UnknownPartition | BrokerShuttingDown):
+                    continue  # done, changed (or deleted) meanwhile, or chosen again
                 if not isinstance(outcome, MetadataUnavailable):
                     raise outcome
             if any(isinstance(o, MetadataUnavailable) for o in outcomes):
@@ -363,6 +391,10 @@ class Cluster:
               if status == "up" and a in self.raft_ids}
         return tuple(sorted(up | {self.broker_id}))
 
+    def leader_candidates(self) -> set[int]:
+        """The live brokers that are not shutting down: those a leadership may go to."""
+        return set(self.live_brokers()) - self.metadata.state.shutting_down.keys()
+
     async def wait_live(self, count: int) -> tuple[int, ...]:
         """The live brokers, once there are `count` of them or `broker_timeout_ms` passed
         (connections to partners come up shortly after a start: a stream created then should
@@ -382,13 +414,31 @@ class Cluster:
 
     # -- stop ------------------------------------------------------------------------------------
 
+    async def mark_shutting_down(self) -> None:
+        """Mark this broker shutting down in the metadata (see the module docstring), then
+        wait up to `controlled_shutdown_wait_ms` while some other live broker is not marked:
+        brokers stopped together mark themselves within moments of each other, and one
+        that handed over before the others were marked would give them leaderships to
+        start as they stop. A metadata that cannot commit the mark in time is logged (the
+        hand-over that follows would not commit either)."""
+        try:
+            await self.metadata.propose(ControlledShutdown(self.broker_id, True),
+                                        timeout=MARK_TIMEOUT_S)
+        except MetadataUnavailable as exc:
+            log.warning("controlled shutdown not marked in the metadata: %s", exc)
+            return
+        deadline = time.monotonic() + self.config.controlled_shutdown_wait_ms / 1000
+        while self.leader_candidates() and time.monotonic() < deadline:
+            await asyncio.sleep(SHUTDOWN_POLL_S)
+
     async def hand_over(self, led: list[tuple[str, int]]) -> None:
         """Move the leadership of each partition in `led` to an in-sync follower that is
         live (its metadata Raft connection is up, as for Kafka's controlled shutdown): a
         proposal naming a broker that is gone would make the partition unavailable if it
-        committed, and one made without a quorum may sit in the Raft log and commit later."""
+        committed, and one made without a quorum may sit in the Raft log and commit later.
+        A successor that began to shut down meanwhile refuses it: the leadership stays."""
         changes = []
-        live = set(self.live_brokers())
+        live = self.leader_candidates()
         for stream, partition in led:
             state = self.metadata.state.partitions.get((stream, partition))
             if state is None or state.leader != self.broker_id:
@@ -397,7 +447,10 @@ class Cluster:
             if candidates:
                 changes.append(ChangeLeader(stream, partition, state.leader_epoch,
                                             candidates[0]))
-        await asyncio.gather(*(self._hand_over_one(change) for change in changes))
+        kept = sum(await asyncio.gather(*(self._hand_over_one(change) for change in changes)))
+        if kept:
+            log.info("%d leaderships kept: the brokers to take them are shutting down too",
+                     kept)
 
     def hand_over_from_full_disk(self, led: list[LedPartition]) -> None:
         """The data disk is full: hand the partitions in `led` (led here) to in-sync
@@ -409,11 +462,16 @@ class Cluster:
             self._spawn(self._hand_over_one(ChangeLeader(
                 decision.stream, decision.partition, decision.leader_epoch, decision.leader)))
 
-    async def _hand_over_one(self, change: ChangeLeader) -> None:
+    async def _hand_over_one(self, change: ChangeLeader) -> bool:
+        """Propose the change; whether it was refused because its broker is shutting down
+        (any other failure is logged)."""
         outcome = await self._leader_changes.submit(change)
+        if isinstance(outcome, BrokerShuttingDown):
+            return True
         if isinstance(outcome, JetstreamError):
             log.warning("hand-over of %s/%d failed: %s", change.stream, change.partition,
                         outcome)
+        return False
 
     async def hand_over_to(self, stream: str, partition: int,
                            successors: tuple[int, ...]) -> None:

@@ -142,6 +142,10 @@ class BrokerConfig:
     replica_fetch_bytes_max: int = 4 * MiB
     #: A broker whose metadata connection is down this long is taken as gone (failover).
     broker_timeout_ms: int = 3_000
+    #: A stopping broker, once marked shutting down, waits at most this long for every other
+    #: live broker to be marked too before it hands its leaderships over (brokers stopped
+    #: together then keep theirs; one stopping alone waits this long).
+    controlled_shutdown_wait_ms: int = 300
     #: Preferred-leader rebalancing (jetstream.raft_meta.rebalance): every this often the
     #: metadata leader gives each broker whose preferred partitions (first replica) are led
     #: elsewhere above `leader_imbalance_per_broker_percentage` those leaderships back,
@@ -275,6 +279,7 @@ class BrokerConfig:
         _range(self, "replica_fetch_hw_delay_ms", 0, 1_000)
         _range(self, "replica_fetch_bytes_max", 1024, 256 * MiB)
         _range(self, "broker_timeout_ms", 10, 3_600_000)
+        _range(self, "controlled_shutdown_wait_ms", 0, 60_000)
         _range(self, "leader_imbalance_check_interval_ms", 100, 86_400_000)
         _range(self, "leader_imbalance_per_broker_percentage", 0, 100)
         _range(self, "fragment_cache_bytes_max", 1 * MiB, 1024 * 1024 * MiB)

@@ -170,6 +170,11 @@ class PartitionFollower:
         """In the ISR as the metadata last told this broker."""
         return self._config.broker_id in self.state.isr
 
+    def stopping(self) -> None:
+        """Try no more fetches (`stop` follows: a broker stopping many followers marks them
+        all first, so none retries while the others stop)."""
+        self._stopping = True
+
     async def stop(self) -> None:
         self._stopping = True
         self._wake_readers()

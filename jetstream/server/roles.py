@@ -61,7 +61,7 @@ from jetstream.server.nats_port import NatsPort
 from jetstream.server.partition import PartitionLeader
 from jetstream.server.replica_fetcher import ReplicaFetchers
 from jetstream.server.scheduler import Scheduler
-from jetstream.stream.checkpoint import write_atomic
+from jetstream.stream.checkpoint import read_small, write_atomic
 from jetstream.stream.dir_lock import LOGS_LOCK_FILE, DirLock
 from jetstream.stream.fs_sync import FileSystemSync
 from jetstream.stream.handles import HandlePool
@@ -147,7 +147,8 @@ class Roles:
         #: turn, go to the executor together.
         self._pool = pool
         # One lock for every log here, not a descriptor per log (jetstream.stream.dir_lock).
-        self._logs_lock = DirLock(data_dir / "logs", LOGS_LOCK_FILE)
+        self._logs_dir = data_dir / "logs"
+        self._logs_lock = DirLock(self._logs_dir, LOGS_LOCK_FILE)
         #: One syncfs for the logs a turn makes durable, in place of an fsync each.
         self.fs_sync = (FileSystemSync.open(data_dir / "logs") if config.fsync_group_min
                         else None)
@@ -182,11 +183,6 @@ class Roles:
         self.enabled = True
         self._dirty.add(EVERYTHING)
         await self.reconcile()
-
-    async def disable(self) -> None:
-        """Take no more roles (waits for a reconcile under way)."""
-        async with self._lock:
-            self.enabled = False
 
     def changed(self, change: Touched) -> None:
         """The metadata changed what `change` names: the next `reconcile` looks at it."""
@@ -261,6 +257,22 @@ class Roles:
                 if key not in kept:
                     self._delete_log_dir(f"{key[0]}-{key[1]}")
 
+    async def stop_followers(self) -> None:
+        """Stop every follower role and the replica fetchers, and take no more roles (the
+        broker is stopping: it replicates no more, and while the brokers it follows stop
+        too, each fetch would only fail and be reported to the metadata leader)."""
+        async with self._lock:
+            self.enabled = False
+            await self._stop_followers()
+
+    async def _stop_followers(self) -> None:
+        followers = list(self.followers.values())
+        self.followers.clear()
+        for follower in followers:
+            follower.stopping()
+        await self.fetchers.close()
+        await asyncio.gather(*(follower.stop() for follower in followers))
+
     async def stop_all(self) -> None:
         """Stop every role and close every log (the broker is stopping)."""
         async with self._lock:
@@ -269,9 +281,7 @@ class Roles:
                 # In a cluster, leadership was handed over (or could not be): appending
                 # what is still buffered would only grow a suffix the next leader lacks.
                 await self._stop_leader(key, abdicate=self._cluster is not None)
-            for key in list(self.followers):
-                await self.followers.pop(key).stop()
-            await self.fetchers.close()
+            await self._stop_followers()
             self.sessions.close_all()
             logs = list(self._logs.values())
             self._logs.clear()
@@ -472,17 +482,18 @@ class Roles:
         key = (stream.name, partition.partition)
         log_ = self._logs.get(key)
         if log_ is None:
-            directory = self._data_dir / "logs" / f"{stream.name}-{partition.partition}"
+            directory = self._logs_dir / f"{stream.name}-{partition.partition}"
             marker = directory / STREAM_VERSION_FILE
             version = stream_version_marker(partition.created_version)
-            if directory.exists() and marker.exists() and marker.read_bytes() != version:
+            found = read_small(marker)
+            if found is not None and found != version:
                 log.warning("%s/%d: data of an earlier stream of this name removed",
                             stream.name, partition.partition)
                 shutil.rmtree(directory)
             log_ = self._logs[key] = Log(directory, stream.log_config(), pool=self._pool,
                                          parent_lock=self._logs_lock)
             self._log_versions[key] = partition.created_version
-            if not marker.exists():
+            if found != version:
                 write_atomic(marker, version)
         return log_
 

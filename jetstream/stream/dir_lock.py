@@ -53,7 +53,7 @@ class DirLock:
             self._fd = -1
 
 
-def check_free(path: Path, what: Path) -> None:
+def check_free(path: Path | str, what: Path) -> None:
     """Raise StorageError if someone holds the lock file `path` (which guards `what`). Holds
     nothing afterwards; a missing file is free."""
     try:
@@ -75,7 +75,7 @@ def lock_log(directory: Path, parent_lock: DirLock | None) -> DirLock | None:
     if parent_lock is not None:
         assert parent_lock.held and parent_lock.directory == directory.parent, (
             parent_lock.path, directory)
-        check_free(directory / LOG_LOCK_FILE, directory)
+        check_free(f"{directory}/{LOG_LOCK_FILE}", directory)
         return None
     own = DirLock(directory, LOG_LOCK_FILE)
     try:

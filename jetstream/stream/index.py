@@ -133,12 +133,6 @@ class TimeIndex:
         )
 
 
-def read_file(path: Path) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
 
 
 def write_file(path: Path, data: bytes, fsync: bool) -> None:

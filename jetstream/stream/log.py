@@ -124,7 +124,7 @@ class Log(LogReads):
         while open, unless `parent_lock` (held by the caller on the directory of its logs:
         a broker's) covers it (jetstream.stream.dir_lock). Raises StorageError when another
         process has the log open."""
-        self.directory = Path(directory)
+        self.directory = directory if isinstance(directory, Path) else Path(directory)
         self.config = config or LogConfig()
         self._pool = pool or DEFAULT_POOL
         self._clock = clock
@@ -135,7 +135,12 @@ class Log(LogReads):
         # offsets that were cut and may be written again.
         self._truncations = 0
         self._closed = False
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:  # one system call when it exists (a broker opens thousands as it starts)
+            os.mkdir(self.directory)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            self.directory.mkdir(parents=True, exist_ok=True)
         self._own_lock = lock_log(self.directory, parent_lock)
         try:
             self._segments = SegmentList()

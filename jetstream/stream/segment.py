@@ -22,14 +22,9 @@ from pathlib import Path
 
 from jetstream.errors import CorruptRecord, DiskFull
 from jetstream.stream import format as fmt
-from jetstream.stream.checkpoint import DISK_FULL_ERRNOS
+from jetstream.stream.checkpoint import DISK_FULL_ERRNOS, read_small
 from jetstream.stream.handles import HandlePool
-from jetstream.stream.index import (
-    OffsetIndex,
-    TimeIndex,
-    read_file,
-    write_file,
-)
+from jetstream.stream.index import OffsetIndex, TimeIndex, write_file
 from jetstream.stream.verified import VerifiedRanges
 
 # Recovery reads the log in chunks of this size (a larger batch is read whole).
@@ -66,9 +61,10 @@ class Segment:
     def __init__(self, directory: Path, base_offset: int, pool: HandlePool,
                  index_interval_bytes: int) -> None:
         self.base_offset = base_offset
+        # One Path, and the others' names as plain strings until asked for: a broker makes a
+        # segment for each of thousands of logs as it starts.
         self.log_path = directory / log_file_name(base_offset)
-        self.index_path = directory / f"{base_offset:020d}.index"
-        self.time_index_path = directory / f"{base_offset:020d}.timeindex"
+        self._stem = f"{directory}/{base_offset:020d}"
         self._pool = pool
         self._interval = index_interval_bytes
         self.size = 0
@@ -83,6 +79,14 @@ class Segment:
         self._last: BatchLocation | None = None
         #: Byte ranges checked since they were written or opened (jetstream.stream.verified).
         self.verified = VerifiedRanges()
+
+    @property
+    def index_path(self) -> Path:
+        return Path(self._stem + ".index")
+
+    @property
+    def time_index_path(self) -> Path:
+        return Path(self._stem + ".timeindex")
 
     def pinned(self) -> AbstractContextManager[int]:
         """An open descriptor of the log file, valid inside the block."""
@@ -130,8 +134,8 @@ class Segment:
         """Open a sealed segment trusting its index files. False when they disagree with the
         log (the caller then runs `recover`)."""
         self.size = os.stat(self.log_path).st_size
-        offsets = OffsetIndex.from_bytes(read_file(self.index_path) or b"")
-        times = TimeIndex.from_bytes(read_file(self.time_index_path) or b"")
+        offsets = OffsetIndex.from_bytes(read_small(self._stem + ".index") or b"")
+        times = TimeIndex.from_bytes(read_small(self._stem + ".timeindex") or b"")
         if offsets is None or times is None or (self.size > 0 and len(offsets) == 0):
             return False
         if offsets.positions and offsets.positions[-1] >= self.size:
