@@ -150,7 +150,7 @@ class Roles:
         self._logs_dir = data_dir / "logs"
         self._logs_lock = DirLock(self._logs_dir, LOGS_LOCK_FILE)
         #: One syncfs for the logs a turn makes durable, in place of an fsync each.
-        self.fs_sync = (FileSystemSync.open(data_dir / "logs") if config.fsync_group_min
+        self.fs_sync = (FileSystemSync.open(self._logs_dir) if config.fsync_group_min
                         else None)
         self._appends = BatchedCalls(executor, jobs_max=IO_THREADS, fs=self.fs_sync,
                                      group_min=config.fsync_group_min)
@@ -551,7 +551,7 @@ class Roles:
                  partition.partition, partition.leader_epoch)
 
     def _delete_orphan_logs(self, kept: set[str]) -> None:
-        logs = self._data_dir / "logs"
+        logs = self._logs_dir
         if not logs.exists():
             return
         for path in logs.iterdir():
@@ -560,7 +560,7 @@ class Roles:
 
     def _delete_log_dir(self, name: str) -> None:
         """Remove the log directory `name` of a partition this broker holds no more."""
-        path = self._data_dir / "logs" / name
+        path = self._logs_dir / name
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
 
