@@ -4,7 +4,8 @@ Theory of operation: every broker reconciles its roles after each metadata comma
 work must grow with what the command changed, not with the number of streams. `touched`
 maps a command and its result (as the state machine, jetstream.raft_meta.fsm, returned it)
 to the partitions it may have changed: a stream's create, delete or update touches that
-stream's partitions, a leader or ISR change its partition, a batch the items it applied.
+stream's partitions, a leader or ISR change its partition, a batch the items it applied, a
+broker's shutdown mark coming off the partitions it leads (followers wait for that).
 A broker registering (rare: once per start) and a state loaded whole (`StateRestored`: a
 snapshot replaced it) touch everything. Pure: no IO.
 """
@@ -28,6 +29,7 @@ from jetstream.raft_meta.fsm import (
     DeleteStream,
     RegisterBroker,
     RemoveAcls,
+    ShutdownMark,
     UpdateStream,
 )
 from jetstream.raft_meta.model import PartitionState, StreamConfig
@@ -85,7 +87,10 @@ def touched(command: Command | StateRestored, result: Any) -> Touched:
                                      if isinstance(s, PartitionState)))
         case RegisterBroker() | StateRestored():
             return EVERYTHING
-        case AddAcls() | RemoveAcls() | ControlledShutdown():
+        case ControlledShutdown():
+            assert isinstance(result, ShutdownMark), result
+            return Touched(result.led)
+        case AddAcls() | RemoveAcls():
             return NOTHING
         case ds.CreateDatastream() | ds.DeleteDatastream() | ds.PauseDatastream() \
                 | ds.AssignTasks() | ds.RenewTaskEpoch() | ds.DrainTasks() \

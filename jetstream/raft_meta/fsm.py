@@ -77,8 +77,9 @@ class RegisterBroker:
 class ControlledShutdown:
     """A broker that is stopping (`active`) takes no leadership from now on: hand-overs,
     failovers and preferred-leader rounds pass it over, and a leader change naming it is
-    refused. Proposed again with `active` False when it starts (Kafka's controlled
-    shutdown, whose controller likewise elects no broker that is shutting down)."""
+    refused (Kafka's controlled shutdown, whose controller likewise elects no broker that is
+    shutting down). A starting broker is marked too, until its leader roles run at the
+    epochs it renewed; then the mark comes off (`active` False)."""
 
     broker: int
     active: bool
@@ -166,6 +167,15 @@ Command = (RegisterBroker | ControlledShutdown | CreateStream | DeleteStream | U
 
 
 @dataclass(frozen=True, slots=True)
+class ShutdownMark:
+    """Result of ControlledShutdown: whether the mark changed and, when it came off, the
+    partitions the broker leads (their followers, held back while it was marked, start)."""
+
+    changed: bool
+    led: frozenset[tuple[str, int]] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class Created:
     """Result of CreateStream: `existed` when an identical stream was already there."""
 
@@ -209,14 +219,18 @@ class MetadataState:
         self.brokers[command.broker.id] = command.broker
         return command.broker
 
-    def _apply_ControlledShutdown(self, command: ControlledShutdown) -> bool:
-        """Mark or unmark a broker shutting down; whether this changed anything."""
+    def _apply_ControlledShutdown(self, command: ControlledShutdown) -> ShutdownMark:
+        """Mark or unmark a broker shutting down."""
+        broker = command.broker
         if command.active:
-            if command.broker in self.shutting_down:
-                return False
-            self.shutting_down[command.broker] = self.version
-            return True
-        return self.shutting_down.pop(command.broker, None) is not None
+            if broker in self.shutting_down:
+                return ShutdownMark(False)
+            self.shutting_down[broker] = self.version
+            return ShutdownMark(True)
+        if self.shutting_down.pop(broker, None) is None:
+            return ShutdownMark(False)
+        return ShutdownMark(True, frozenset(key for key, p in self.partitions.items()
+                                            if p.leader == broker))
 
     def _apply_CreateStream(self, command: CreateStream) -> Created:
         config = command.config

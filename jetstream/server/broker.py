@@ -222,6 +222,8 @@ class Broker:
                 await metadata.propose(RegisterBroker(me))
             metadata.add_listener(self._on_metadata_change)
         await roles.enable()
+        if self._cluster is not None:
+            await self._cluster.lead_again()
         cleaner.start()
         kv.start()
         coordinators.start()

@@ -37,7 +37,10 @@ partition it leads is handed to its first in-sync follower in replica order that
 and not shutting down (ChangeLeader), waited for, before the broker leaves. Brokers that
 stop together so keep their leaderships instead of passing them around (each would start
 the roles it is handed as it stops, and start again with more than its share). A starting
-broker takes its mark off before it takes any role (`join`).
+broker marks itself too (`join`) and keeps the mark while it renews its leaderships and
+starts its roles; it takes the mark off (`lead_again`) once its leader roles run at the new
+epochs. Other brokers start no follower of a partition whose leader is marked (its epoch is
+about to change): they start them, at the new epochs, when the mark comes off.
 
 A full disk: at each of the broker's disk checks, while its data disk is above the high
 watermark, each partition it leads is handed to an in-sync follower that has room, once per
@@ -70,6 +73,7 @@ from jetstream.raft_meta.fsm import (
     ChangeIsrs,
     ChangeLeader,
     ChangeLeaders,
+    Command,
     ControlledShutdown,
     ItemOutcome,
     RegisterBroker,
@@ -149,9 +153,11 @@ class Cluster:
 
     async def join(self, me: BrokerInfo) -> None:
         """Wait for the metadata to catch up with a leader, then register this broker and
-        take off the mark of its last controlled shutdown.
+        mark it as shutting down, until `lead_again`: no leadership goes to it, and no
+        follower of what it leads starts, while its leaderships still have the epochs of
+        its last run (followers would start at those, fail and report it).
 
-        The unmarking is proposed even when there is no mark, and waited for: once it is
+        The mark is proposed even when it is there already, and waited for: once it is
         applied here, so is everything committed before it. pysyncobj calls a broker caught
         up once it applied what the leader says is committed, but a leader elected as the
         whole cluster starts again may not know yet how far its log was committed (Raft
@@ -162,16 +168,27 @@ class Cluster:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             registered = self.metadata.state.brokers.get(me.id) == me
-            command = ControlledShutdown(me.id, False) if registered else RegisterBroker(me)
-            try:
-                await self.metadata.propose(command)
-            except MetadataUnavailable:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(RETRY_S)
-                continue
-            if registered:
+            command = ControlledShutdown(me.id, True) if registered else RegisterBroker(me)
+            if await self._propose_until(command, deadline) and registered:
                 return
+
+    async def lead_again(self) -> None:
+        """Take off the mark `join` set: this broker's leader roles run at their new epochs,
+        so leaderships may go to it and the followers of what it leads start."""
+        await self._propose_until(ControlledShutdown(self.broker_id, False),
+                                  time.monotonic() + READY_TIMEOUT_S)
+
+    async def _propose_until(self, command: Command, deadline: float) -> bool:
+        """Propose `command` and wait until it is applied here; False (try again) while the
+        metadata is unavailable, until `deadline` (monotonic s) passes (then it raises)."""
+        try:
+            await self.metadata.propose(command)
+        except MetadataUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(RETRY_S)
+            return False
+        return True
 
     async def renew_leaderships(self, *, stopped_cleanly: bool = False) -> None:
         """Move every partition this starting broker still leads to a new leader epoch.

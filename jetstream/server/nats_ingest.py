@@ -8,10 +8,12 @@ Theory of operation
   subscription per read; the buffering and slow-consumer rule are in
   jetstream.server.nats_subscription) and answers the server's PINGs. Nothing per message is
   scheduled, awaited or called through Python: no Msg objects, no asyncio.Queue, no tasks.
-- Writes go straight to the transport: `publish_many` encodes a whole batch of PUBs as one
-  bytes and writes it once. The transport buffers what the socket does not take; above its
-  high-water mark `drain()` waits until it is below the low-water mark again
-  (`pause_writing`/`resume_writing`).
+- Writes of one loop turn go out together: `publish_many` encodes a whole batch of PUBs as
+  one bytes and queues it; at the end of the turn (or once `coalesce_bytes_max` is queued)
+  everything queued is written to the transport at once, so a leader acking the partitions
+  of one replica fetch makes one send, not one per partition. The transport buffers what
+  the socket does not take; above its high-water mark `drain()` waits until it is below
+  the low-water mark again (`pause_writing`/`resume_writing`).
 - Handshake: TCP connect, wait for INFO, upgrade to TLS when the server requires it or the
   URL is tls:// (`loop.start_tls` over the same socket: NATS sends INFO in clear, then
   both sides speak TLS), send CONNECT + PING, wait for PONG (an -ERR, e.g. an authorization
@@ -92,6 +94,7 @@ class IngestConfig:
     write_buffer_high_bytes: int = 4 * 1024 * 1024
     write_buffer_low_bytes: int = 1024 * 1024
     reconnect_buffer_bytes_max: int = 8 * 1024 * 1024
+    coalesce_bytes_max: int = 64 * 1024  # queued past this, a write goes out at once
     close_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
@@ -99,7 +102,8 @@ class IngestConfig:
                 and self.reconnect_wait_max_s >= self.reconnect_wait_s
                 and self.ping_interval_s > 0 and self.pings_outstanding_max >= 1
                 and 0 <= self.write_buffer_low_bytes <= self.write_buffer_high_bytes
-                and self.reconnect_buffer_bytes_max >= 0 and self.close_timeout_s > 0):
+                and self.reconnect_buffer_bytes_max >= 0 and self.coalesce_bytes_max >= 0
+                and self.close_timeout_s > 0):
             raise ValueError(f"invalid IngestConfig {self}")
         if self.reconnect_attempts_max is not None and self.reconnect_attempts_max < 0:
             raise ValueError("reconnect_attempts_max must be >= 0 or None")
@@ -144,6 +148,9 @@ class IngestConnection(asyncio.Protocol):
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._offline: list[bytes] = []  # publishes while reconnecting
+        self._out: list[bytes] = []  # written this loop turn, for the transport at its end
+        self._out_bytes = 0
+        self._out_handle: asyncio.Handle | None = None
         self._offline_bytes = 0
         self._reconnect_task: asyncio.Task[None] | None = None
         self._drop_logged_at = -DROP_LOG_INTERVAL_S
@@ -197,8 +204,7 @@ class IngestConnection(asyncio.Protocol):
             if largest > self.max_payload:
                 raise NatsPayloadTooLarge(largest, self.max_payload)
         if self._connected:
-            assert self._transport is not None
-            self._transport.write(data)
+            self._write(data)
         elif self._offline_bytes + len(data) <= self.config.reconnect_buffer_bytes_max:
             self._offline.append(data)
             self._offline_bytes += len(data)
@@ -355,6 +361,7 @@ class IngestConnection(asyncio.Protocol):
         if transport is None or lost is None:
             return
         if graceful:
+            self._flush_out()
             transport.close()
         else:
             transport.abort()
@@ -411,6 +418,7 @@ class IngestConnection(asyncio.Protocol):
         was_connected = self._connected
         self._connected = False
         self._transport = None
+        self._drop_out()  # meant for this socket: the next one starts with its handshake
         self._cancel_ping()
         if self._lost is not None and not self._lost.done():
             self._lost.set_result(None)
@@ -464,8 +472,29 @@ class IngestConnection(asyncio.Protocol):
             self._handshake.set_result(None)
 
     def _write(self, data: bytes) -> None:
-        if self._transport is not None and data:
-            self._transport.write(data)
+        """Queue `data` for the transport, written at the end of this loop turn (at once
+        past `coalesce_bytes_max`), after everything queued before it."""
+        if self._transport is None or not data:
+            return
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= self.config.coalesce_bytes_max:
+            self._flush_out()
+        elif self._out_handle is None:
+            self._out_handle = asyncio.get_running_loop().call_soon(self._flush_out)
+
+    def _flush_out(self) -> None:
+        out = self._out
+        self._drop_out()
+        if self._transport is not None and out:
+            self._transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _drop_out(self) -> None:
+        if self._out_handle is not None:
+            self._out_handle.cancel()
+            self._out_handle = None
+        self._out = []
+        self._out_bytes = 0
 
     def unsubscribe(self, sub: IngestSubscription) -> None:
         """UNSUB `sub` (the subscription's `unsubscribe` calls this) and close it."""

@@ -9,6 +9,7 @@ clients and the test keep their addresses.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,8 @@ from jetstream.errors import JetstreamError
 
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
+#: How long a broker that did not stop in time gets to write its threads' stacks.
+STACKS_WAIT_S = 0.5
 POLL_S = 0.02
 LOG_TAIL_BYTES = 4000
 HOST = "127.0.0.1"
@@ -106,8 +109,9 @@ class BrokerProcess:
         self.port, self.http_port = info["port"], info["http_port"]
 
     def stop(self, sig: int = signal.SIGTERM) -> int | None:
-        """Send `sig` to the broker's PID, wait for it to exit (SIGKILL after the deadline);
-        its exit code, or None when it was not running."""
+        """Send `sig` to the broker's PID, wait for it to exit (after the deadline: SIGUSR1,
+        which writes every thread's stack to its log, then SIGKILL); its exit code, or None
+        when it was not running."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return None if proc is None else proc.returncode
@@ -115,7 +119,12 @@ class BrokerProcess:
         try:
             return proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGUSR1)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(STACKS_WAIT_S)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
             return proc.wait(STOP_TIMEOUT_S)
 
     def kill(self) -> None:

@@ -7,7 +7,12 @@ delete). For every partition the metadata says this broker leads it runs a Parti
 this broker gets a PartitionFollower (jetstream.server.follower). A role whose leader,
 leader epoch or stream version changed is replaced (a deposed leader abdicates and becomes a
 follower on the same open log); an ISR change at the same epoch is passed to the leader.
-New roles are admitted through the epoch fence (jetstream.server.epoch_fence) first.
+New roles are admitted through the epoch fence (jetstream.server.epoch_fence) first, and
+leaders start before followers. A partition whose leader is marked as shutting down gets no
+follower until its leadership changes or the mark comes off: that broker is stopping, or
+starting and about to move what it led to new epochs (jetstream.server.cluster); followers
+start at those, instead of at the old epochs, where they would fail and report the leader.
+If it does not come back, failover gives its partitions other leaders.
 
 Work in proportion to what changed: a reconcile looks only at the partitions the metadata
 changed since the last one. The broker passes each applied command to `changed`
@@ -241,13 +246,14 @@ class Roles:
             wanted, held, unwanted=[k for k in keys if k not in wanted],
             gone=[k for k in keys if k[0] not in state.streams],
             streams=state.streams.keys() if change.everything else None)
-        leading = [p for p in admitted.values() if p.leader == me]
-        for key, partition in admitted.items():
-            if partition.leader != me:
-                await self._start_follower(state.streams[key[0]], partition)
+        # Leaders first: the partitions wait for them, not for this broker's followers.
         # In waves: the leaders of one loop turn share the PING that confirms their NATS
         # subscriptions (a wave bounds the work between a wait's start and its PONG).
-        await _all_of([self._start_leader(state.streams[p.stream], p) for p in leading])
+        await _all_of([self._start_leader(state.streams[p.stream], p)
+                       for p in admitted.values() if p.leader == me])
+        for key, partition in admitted.items():
+            if partition.leader != me and partition.leader not in state.shutting_down:
+                await self._start_follower(state.streams[key[0]], partition)
         self.tiering.retain(self.leaders.keys() | self.followers.keys())
         kept = wanted.keys() if clustered else state.partitions.keys()
         if change.everything:

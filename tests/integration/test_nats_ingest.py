@@ -165,6 +165,38 @@ async def test_publish_many_arrives_in_order(nats_url: str) -> None:
             (f"out.{i % 7}", f"{i}".encode()) for i in range(count)]
 
 
+async def test_writes_of_one_loop_turn_go_out_as_one(nats_url: str) -> None:
+    async with ingest(nats_url) as conn, nats_py(nats_url) as nc:
+        out = await nats_py_subscription(nc, "acks.>")
+        transport = conn._transport
+        assert transport is not None
+        writes: list[bytes] = []
+        write = transport.write
+
+        def counted(data: bytes | bytearray | memoryview) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        transport.write = counted  # type: ignore[method-assign]
+        for i in range(30):  # e.g. a leader acking each partition one replica fetch advanced
+            conn.publish_many([(f"acks.{i}", f"{i}".encode())])
+        assert writes == []  # queued until the end of the turn
+        await conn.drain()
+        got = [await out.next_msg(timeout=TIMEOUT_S) for _ in range(30)]
+        assert [(m.subject, m.data) for m in got] == [(f"acks.{i}", f"{i}".encode())
+                                                      for i in range(30)]
+        assert len(writes) == 1 and writes[0].count(b"PUB ") == 30
+
+
+async def test_close_sends_what_this_loop_turn_queued(nats_url: str) -> None:
+    async with nats_py(nats_url) as nc:
+        out = await nats_py_subscription(nc, "last")
+        conn = await connect(nats_url, name="test-ingest")
+        conn.publish_many([("last", b"before close")])
+        await conn.close()
+        assert (await out.next_msg(timeout=TIMEOUT_S)).data == b"before close"
+
+
 async def test_a_full_buffer_drops_and_counts(nats_url: str) -> None:
     async with ingest(nats_url) as conn, nats_py(nats_url) as nc:
         sub = conn.subscribe("in", pending_msgs_max=10)

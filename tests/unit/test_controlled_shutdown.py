@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from jetstream.raft_meta.changes import Touched, touched
 from jetstream.raft_meta.codec import decode_command, encode_command
 from jetstream.raft_meta.controller import FailoverController
 from jetstream.raft_meta.fsm import (
@@ -15,6 +16,7 @@ from jetstream.raft_meta.fsm import (
     ChangeLeaders,
     ControlledShutdown,
     MetadataState,
+    ShutdownMark,
 )
 from jetstream.raft_meta.rebalance import preferred_leader_changes
 from tests.unit.test_leader_rebalance import ALL, cluster
@@ -22,13 +24,27 @@ from tests.unit.test_leader_rebalance import ALL, cluster
 
 def test_the_mark_is_set_once_and_taken_off() -> None:
     state = cluster(partitions=3)
-    assert state.apply(ControlledShutdown(1, True)) is True
+    assert state.apply(ControlledShutdown(1, True)) == ShutdownMark(True)
     marked_at = state.shutting_down[1]
-    assert state.apply(ControlledShutdown(1, True)) is False  # already marked: kept
+    assert state.apply(ControlledShutdown(1, True)) == ShutdownMark(False)  # kept
     assert state.shutting_down == {1: marked_at}
-    assert state.apply(ControlledShutdown(1, False)) is True
+    led = frozenset(key for key, p in state.partitions.items() if p.leader == 1)
+    assert led  # placement spreads three partitions' leaderships over three brokers
+    off = state.apply(ControlledShutdown(1, False))
+    assert off == ShutdownMark(True, led)
     assert state.shutting_down == {}
-    assert state.apply(ControlledShutdown(1, False)) is False
+    assert state.apply(ControlledShutdown(1, False)) == ShutdownMark(False)
+
+
+def test_the_mark_coming_off_touches_what_the_broker_leads() -> None:
+    """The followers other brokers held back while it was marked start then."""
+    state = cluster(partitions=3)
+    mark = ControlledShutdown(1, True)
+    assert touched(mark, state.apply(mark)) == Touched()
+    led = frozenset(key for key, p in state.partitions.items() if p.leader == 1)
+    off = ControlledShutdown(1, False)
+    assert touched(off, state.apply(off)) == Touched(led)
+    assert touched(off, state.apply(off)) == Touched()  # no mark to take off
 
 
 def test_a_leader_change_to_a_broker_shutting_down_is_refused() -> None:
