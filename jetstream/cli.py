@@ -62,6 +62,7 @@ def _dev(args: argparse.Namespace) -> int:
     from jetstream.natsd import NatsServer, ServerTls
     from jetstream.server.broker import Broker
     from jetstream.server.config import BrokerConfig
+    from jetstream.server.long_lived import LongLivedObjects
 
     temporary = args.data_dir is None
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="jetstream-dev-"))
@@ -86,6 +87,8 @@ def _dev(args: argparse.Namespace) -> int:
             http_port=p["http_port"], nats_url=nats_server.url, cluster=cluster,
             **_dev_broker_tls(tls)))
             for i, p in enumerate(ports)]
+        for broker in brokers:  # this process is theirs
+            broker.long_lived = LongLivedObjects()
         try:
             # Together: each waits for a majority of the metadata group before it is ready.
             await asyncio.gather(*(b.start() for b in brokers))
@@ -182,12 +185,14 @@ def _server(args: argparse.Namespace) -> int:
 
     from jetstream.server.broker import Broker
     from jetstream.server.config import BrokerConfig
+    from jetstream.server.long_lived import LongLivedObjects
 
     overrides = {f.name: getattr(args, f.name, None) for f in fields(BrokerConfig)}
     config = BrokerConfig.load(args.config, overrides=overrides)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     broker = Broker(config)
+    broker.long_lived = LongLivedObjects()  # this process is the broker's
     _dump_stacks_on_sigusr1()
 
     async def run() -> None:

@@ -34,7 +34,8 @@ from typing import Any, TypeVar
 
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.fs_sync import FileSystemSync
-from jetstream.stream.log import Log, SyncTicket
+from jetstream.stream.log import Log
+from jetstream.stream.log_sync import SyncTicket
 
 T = TypeVar("T")
 

@@ -64,6 +64,7 @@ from jetstream.server.http_api import HttpServer
 from jetstream.server.http_groups import BrokerClient
 from jetstream.server.integrity import Integrity
 from jetstream.server.kv import KeyValue
+from jetstream.server.long_lived import LongLivedObjects
 from jetstream.server.metrics import BrokerMetrics
 from jetstream.server.mirror_api import MirrorCopies
 from jetstream.server.nats_dial import NatsAuth
@@ -97,6 +98,8 @@ class Broker:
         self._cluster: Cluster | None = None
         self._reserve = DiskReserve(self.data_dir, config.disk_reserve_bytes)
         self._roles: Roles | None = None
+        #: Set by the process that runs the broker and owns its heap (jetstream.cli).
+        self.long_lived: LongLivedObjects | None = None
         self._cleaner: CleanerService | None = None
         self._kv: KeyValue | None = None
         self._coordinators: Coordinators | None = None
@@ -169,6 +172,7 @@ class Broker:
         roles = self._roles = Roles(self.config, self.data_dir, metadata, self._cluster,
                                     nats_port, fence, self._executor, self._scheduler,
                                     self._disk, pool=files.pool)
+        roles.long_lived = self.long_lived
         cluster = self._cluster
         integrity = self._integrity = Integrity(
             self.config, roles, cluster.address_of if cluster is not None else None,

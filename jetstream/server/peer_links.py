@@ -45,6 +45,10 @@ class PeerLinks:
         conn = self._links.get(address)
         if conn is not None and not conn.closed:
             return conn
+        if address not in self._opening and len(self._opening) >= 2 * LINKS_MAX:
+            # Addresses of brokers that restarted on other ports: forget their idle locks.
+            self._opening = {a: lk for a, lk in self._opening.items()
+                             if lk.locked() or a in self._links}
         lock = self._opening.setdefault(address, asyncio.Lock())
         async with lock:
             conn = self._links.get(address)

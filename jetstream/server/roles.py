@@ -61,6 +61,7 @@ from jetstream.server.fetch_sessions import FetchSessions
 from jetstream.server.follower import PartitionFollower
 from jetstream.server.leader_isr import Replication
 from jetstream.server.leader_reads import ReadAround
+from jetstream.server.long_lived import LongLivedObjects
 from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort
 from jetstream.server.partition import PartitionLeader
@@ -117,6 +118,9 @@ class ReconcileMetrics:
     #: Partitions looked at, all reconciles together.
     partitions_examined: int = 0
     leaders_started: int = 0
+    #: Roles (leaders and followers) started and stopped.
+    roles_started: int = 0
+    roles_stopped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +171,8 @@ class Roles:
         self._lock = asyncio.Lock()
         self._dirty = Dirty()
         self.metrics = ReconcileMetrics()
+        #: The process's heap, when the broker owns it (jetstream.server.long_lived).
+        self.long_lived: LongLivedObjects | None = None
         self.enabled = False
         #: Set by the broker (jetstream.server.integrity): what leaders do about damage a
         #: read meets, and whom followers tell of damage their reads found.
@@ -210,6 +216,10 @@ class Roles:
             except BaseException:
                 self._dirty.add(change)
                 raise
+            finally:
+                if self.long_lived is not None:
+                    self.long_lived.observe(self.metrics.roles_started,
+                                            self.metrics.roles_stopped)
 
     async def _reconcile(self, change: Touched) -> None:
         state = self._metadata.state
@@ -448,6 +458,7 @@ class Roles:
                     follower.state.leader, follower.state.leader_epoch,
                     follower.state.created_version):
                 stopping.append(self.followers.pop(key).stop())
+                self.metrics.roles_stopped += 1
             else:
                 follower.state = p
         await _all_of(stopping)
@@ -513,6 +524,7 @@ class Roles:
         leader.metrics.high_watermark = leader.high_watermark
         await leader.start()
         self.metrics.leaders_started += 1
+        self.metrics.roles_started += 1
         key = (stream.name, partition.partition)
         self.leaders[key] = leader
         self.sessions.changed(key)
@@ -537,6 +549,7 @@ class Roles:
 
     async def _stop_leader(self, key: PartitionKey, *, abdicate: bool = False) -> None:
         leader = self.leaders.pop(key)
+        self.metrics.roles_stopped += 1
         if abdicate:
             await leader.abdicate()
         else:
@@ -552,6 +565,7 @@ class Roles:
             damage_found=self.damage_found, disk=self._disk, appends=self._appends)
         await follower.start()
         self.followers[(stream.name, partition.partition)] = follower
+        self.metrics.roles_started += 1
         self.tiering.follow(stream, partition.partition)
         log.info("following broker %d for %s/%d at epoch %d", partition.leader, stream.name,
                  partition.partition, partition.leader_epoch)
@@ -586,7 +600,11 @@ class Roles:
                 ("fsync_group_syncfs", self.fs_sync.syncs if self.fs_sync else 0,
                  "syncfs calls made in place of an fsync per log."),
                 ("fsync_group_failures", self.fs_sync.failures if self.fs_sync else 0,
-                 "syncfs calls that failed (each log of its group failed too).")):
+                 "syncfs calls that failed (each log of its group failed too)."),
+                ("gc_freezes", self.long_lived.freezes if self.long_lived else 0,
+                 "Objects of the roles started moved out of full collections' reach."),
+                ("gc_thaws", self.long_lived.thaws if self.long_lived else 0,
+                 "Full collections of the frozen objects, after roles stopped.")):
             lines += [f"# HELP jetstream_roles_{name}_total {text}",
                       f"# TYPE jetstream_roles_{name}_total counter",
                       f"jetstream_roles_{name}_total {value}"]

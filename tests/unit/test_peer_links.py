@@ -11,7 +11,7 @@ import pytest
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import BrokerUnavailable
 from jetstream.protocol import messages as m
-from jetstream.server.peer_links import PeerLinks
+from jetstream.server.peer_links import LINKS_MAX, PeerLinks
 
 
 class FakeConnection:
@@ -73,4 +73,16 @@ async def test_a_failed_request_drops_the_connection_and_the_next_dials_again() 
     assert dialled[0].closed
     await peers.request("b1:1", request())
     assert len(dialled) == 2 and not dialled[1].closed and peers.opened == 2
+    await peers.close()
+
+
+async def test_the_opening_locks_of_gone_addresses_are_forgotten() -> None:
+    """Brokers that restart on other ports leave addresses behind: the kept connections
+    stay within LINKS_MAX, and so do the locks that serialise opening them."""
+    peers, dialled = links()
+    for i in range(3 * LINKS_MAX):
+        await peers.request(f"b{i}:1", request())
+    assert len(peers._links) <= LINKS_MAX
+    assert len(peers._opening) <= 2 * LINKS_MAX
+    assert len(dialled) == 3 * LINKS_MAX
     await peers.close()
