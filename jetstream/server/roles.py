@@ -293,10 +293,10 @@ class Roles:
         """Stop every role and close every log (the broker is stopping)."""
         async with self._lock:
             self.enabled = False
-            for key in list(self.leaders):
-                # In a cluster, leadership was handed over (or could not be): appending
-                # what is still buffered would only grow a suffix the next leader lacks.
-                await self._stop_leader(key, abdicate=self._cluster is not None)
+            # In a cluster, leadership was handed over (or could not be): appending what is
+            # still buffered would only grow a suffix the next leader lacks.
+            abdicate = self._cluster is not None
+            await _all_of([self._stop_leader(key, abdicate=abdicate) for key in list(self.leaders)])
             await self._stop_followers()
             self.sessions.close_all()
             logs = list(self._logs.values())
