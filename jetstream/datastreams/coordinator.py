@@ -34,6 +34,7 @@ from jetstream.datastreams.planner import PlanInput, changed, plan
 from jetstream.datastreams.security import scrub, secret_values
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
+from jetstream.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,9 @@ class Coordinator:
         self._loop = asyncio.get_running_loop().create_task(self._run(), name="datastreams")
 
     async def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+        # Cancelled again until it ends: its wait_for can swallow a cancellation that
+        # arrives as it is woken (jetstream.tasks).
+        await cancel_and_wait(self._loop)
         await self._close_readers(set(self._readers))
 
     def wake(self) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jetstream.stream.handles import HandlePool
+from jetstream.tasks import cancel_and_wait
 from jetstream.tiered.offload import StepHook, TierMetrics
 from jetstream.tiered.partition_tier import PartitionTier, TierConfig, monotonic_ms
 from jetstream.tiered.reader import CACHE_DIR, FragmentCache
@@ -153,10 +154,7 @@ class Tiering:
         return lines
 
     async def close(self) -> None:
-        if self._lister is not None:
-            self._lister.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lister
+        await cancel_and_wait(self._lister)  # again until it ends (jetstream.tasks)
         await self.cache.close()
 
 
