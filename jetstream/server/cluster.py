@@ -169,7 +169,8 @@ class Cluster:
         while True:
             registered = self.metadata.state.brokers.get(me.id) == me
             command = ControlledShutdown(me.id, True) if registered else RegisterBroker(me)
-            if await self._propose_until(command, deadline) and registered:
+            await self._propose_until(command, deadline)
+            if registered:
                 return
 
     async def lead_again(self) -> None:
@@ -178,17 +179,17 @@ class Cluster:
         await self._propose_until(ControlledShutdown(self.broker_id, False),
                                   time.monotonic() + READY_TIMEOUT_S)
 
-    async def _propose_until(self, command: Command, deadline: float) -> bool:
-        """Propose `command` and wait until it is applied here; False (try again) while the
-        metadata is unavailable, until `deadline` (monotonic s) passes (then it raises)."""
-        try:
-            await self.metadata.propose(command)
-        except MetadataUnavailable:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(RETRY_S)
-            return False
-        return True
+    async def _propose_until(self, command: Command, deadline: float) -> None:
+        """Propose `command` and wait until it is applied here, again while the metadata is
+        unavailable, until `deadline` (monotonic s) passes (then MetadataUnavailable)."""
+        while True:
+            try:
+                await self.metadata.propose(command)
+                return
+            except MetadataUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(RETRY_S)
 
     async def renew_leaderships(self, *, stopped_cleanly: bool = False) -> None:
         """Move every partition this starting broker still leads to a new leader epoch.
