@@ -37,6 +37,10 @@ class LogIntegrity:
     def log_start_offset(self) -> int:
         raise NotImplementedError
 
+    @property
+    def log_end_offset(self) -> int:
+        raise NotImplementedError
+
     def _check_piece(self, segment: Segment, piece: FileSlice) -> None:
         """Check the batches of `piece` (outside the lock: appends go on); raise
         CorruptRecord, closing it, when they fail."""

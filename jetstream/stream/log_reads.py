@@ -18,10 +18,6 @@ from jetstream.stream.log_integrity import LogIntegrity
 class LogReads(LogIntegrity):
     _pool: HandlePool
 
-    @property
-    def log_end_offset(self) -> int:
-        raise NotImplementedError
-
     def _check_range(self, offset: int, upper_bound: int | None) -> int:
         bound = self.log_end_offset if upper_bound is None else min(upper_bound,
                                                                     self.log_end_offset)

@@ -33,10 +33,6 @@ class LogSync(LogIntegrity):
     _durable_offset: int
     _last_sync_ms: int
 
-    @property
-    def log_end_offset(self) -> int:
-        raise NotImplementedError
-
     def _after_append(self, end_offset: int, sync: bool) -> None:
         policy = self.config.fsync
         if policy is FsyncPolicy.ALWAYS:
