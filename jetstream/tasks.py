@@ -6,6 +6,11 @@ caller then runs on as if nothing happened); and a task that swallowed its cance
 somewhere keeps running while the caller waits forever. `cancel_and_wait` waits with
 `asyncio.wait`, which never raises what the tasks raise (so a cancellation that arrives
 is the caller's and propagates), and cancels again every RECANCEL_S until the tasks are done.
+
+`wait_event` is the other half: a loop that waits with `asyncio.wait_for(event.wait(), t)`
+loses, in Python 3.11, a cancellation that arrives as the event is set (`wait_for` returns
+and the loop runs on, so a stop, or `asyncio.run` cancelling what is left, waits forever).
+`asyncio.timeout` tells its own timeout from a cancellation that comes from outside.
 """
 
 from __future__ import annotations
@@ -27,3 +32,16 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
         for task in done:
             if not task.cancelled():
                 task.exception()  # retrieved: no "exception was never retrieved" warning
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until `event` is set, at most `timeout_s`; whether it is set. A cancellation
+    always propagates (see the module docstring)."""
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

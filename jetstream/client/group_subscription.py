@@ -53,7 +53,7 @@ from jetstream.errors import (
     UnknownMemberId,
 )
 from jetstream.protocol import messages as m
-from jetstream.tasks import cancel_and_wait
+from jetstream.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -401,9 +401,7 @@ class GroupSubscription:
             if revoked:
                 for partition in revoked:
                     self._feeds[partition].revoked = True
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._idle.wait(),
-                                           self._settings.rebalance_timeout_ms / 1000)
+                await wait_event(self._idle, self._settings.rebalance_timeout_ms / 1000)
                 feeds = [self._feeds[p] for p in revoked]
                 if self._settings.auto_commit:
                     try:

@@ -44,6 +44,7 @@ from jetstream.errors import (
 )
 from jetstream.protocol.ack import Ack, ErrorAck, parse_ack
 from jetstream.protocol.envelope import AckPolicy, encode_envelope
+from jetstream.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -229,13 +230,11 @@ class Publisher:
             batch.wake.clear()
             batch.wake_at = outstanding
             before = batch.outstanding
-            try:
-                await asyncio.wait_for(batch.wake.wait(), timeout_s)
-            except TimeoutError:
+            if not await wait_event(batch.wake, timeout_s):
                 if batch.outstanding < before or batch.error is not None:
                     continue  # progress came with the timeout
                 index = batch.acks.index(None)
-                raise AckTimeout(batch.subjects[index], round(timeout_s * 1000)) from None
+                raise AckTimeout(batch.subjects[index], round(timeout_s * 1000))
 
     async def _send(self, subject: str, payload: bytes, reply: str) -> None:
         try:

@@ -34,7 +34,7 @@ from jetstream.datastreams.planner import PlanInput, changed, plan
 from jetstream.datastreams.security import scrub, secret_values
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
-from jetstream.tasks import cancel_and_wait
+from jetstream.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,6 @@ class Coordinator:
         self._loop = asyncio.get_running_loop().create_task(self._run(), name="datastreams")
 
     async def stop(self) -> None:
-        # Cancelled again until it ends: its wait_for can swallow a cancellation that
-        # arrives as it is woken (jetstream.tasks).
         await cancel_and_wait(self._loop)
         await self._close_readers(set(self._readers))
 
@@ -82,8 +80,7 @@ class Coordinator:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), TICK_S)
+            await wait_event(self._woken, TICK_S)
             if self._woken.is_set():
                 await asyncio.sleep(WAKE_S)  # what else comes with it joins this pass
                 self._woken.clear()

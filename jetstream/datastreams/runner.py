@@ -62,7 +62,7 @@ from jetstream.datastreams.rate import TokenBucket, task_rate
 from jetstream.datastreams.security import scrub, secret_values
 from jetstream.errors import JetstreamError
 from jetstream.raft_meta.fsm import MetadataState
-from jetstream.tasks import cancel_and_wait
+from jetstream.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +211,7 @@ class Runner:
                 await self.reconcile()
             except Exception:
                 log.exception("datastream tasks: reconcile failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), RECONCILE_S)
+            await wait_event(self._woken, RECONCILE_S)
             if self._woken.is_set():
                 await asyncio.sleep(WAKE_S)  # what else comes with it joins this pass
                 self._woken.clear()

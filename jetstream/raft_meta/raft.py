@@ -109,6 +109,7 @@ from jetstream.raft_meta.changes import StateRestored
 from jetstream.raft_meta.codec import decode_command, encode_command
 from jetstream.raft_meta.fsm import Command, MetadataState
 from jetstream.stream.reserve import DiskReserve
+from jetstream.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -420,10 +421,8 @@ class RaftMetadata:
     async def wait_ready(self, timeout: float) -> None:
         """Wait until this broker has applied what the leader had committed when it joined;
         raises MetadataUnavailable("timeout") after `timeout` seconds."""
-        try:
-            await asyncio.wait_for(self._ready.wait(), timeout)
-        except TimeoutError:
-            raise MetadataUnavailable("timeout", "metadata not caught up with a leader") from None
+        if not await wait_event(self._ready, timeout):
+            raise MetadataUnavailable("timeout", "metadata not caught up with a leader")
 
     def status(self) -> dict[str, Any]:
         """Raft facts for `cluster status`: role, term, leader, commit index, partners."""

@@ -32,7 +32,6 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -68,7 +67,7 @@ from jetstream.server.offsets_stream import OffsetsStream
 from jetstream.server.partition import PartitionLeader
 from jetstream.server.roles import Roles
 from jetstream.stream.format import Record
-from jetstream.tasks import cancel_and_wait
+from jetstream.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +162,7 @@ class Coordinators:
         if pg is None:
             raise NotCoordinator(group, f"this broker does not lead __offsets/{p}")
         if not pg.loaded.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pg.loaded.wait(), LOAD_WAIT_S)
+            await wait_event(pg.loaded, LOAD_WAIT_S)
             if not pg.loaded.is_set():
                 raise NotCoordinator(group, "loading the group")
         if self._partitions.get(p) is not pg:
@@ -301,8 +299,7 @@ class Coordinators:
                     answer.member_id, answer.member_epoch,
                     [[sp.stream, sp.partition] for sp in sorted(answer.partitions)],
                     interval, session)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+            await wait_event(changed, remaining)
             if self._partitions.get(pg.partition) is not pg:
                 raise NotCoordinator(request.group, "leadership moved")
 

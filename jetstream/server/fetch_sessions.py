@@ -27,7 +27,6 @@ follows it anew).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -50,6 +49,7 @@ from jetstream.protocol.frames import U32_MAX
 from jetstream.server.partition import PartitionLeader
 from jetstream.server.scheduler import monotonic_ms
 from jetstream.stream.file_slice import FileSlice
+from jetstream.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,7 @@ class FetchSessions:
             self.waits += 1
             session.parked = True
             try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(session.wake.wait(), wait_s)
+                await wait_event(session.wake, wait_s)
             finally:
                 session.parked = False
                 session.last_request_ms = monotonic_ms()

@@ -78,7 +78,7 @@ from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.epoch import EpochEndOffset
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.log import Log
-from jetstream.tasks import cancel_and_wait
+from jetstream.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -406,8 +406,7 @@ class PartitionFollower:
             if piece.length or remaining <= 0 or self._stopping:
                 return piece
             changed = self._hw_changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+            await wait_event(changed, remaining)
 
     def _wake_readers(self) -> None:
         changed, self._hw_changed = self._hw_changed, asyncio.Event()

@@ -36,7 +36,7 @@ from jetstream.server.epoch_fence import PartitionKey
 from jetstream.server.roles import Roles
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
-from jetstream.tasks import cancel_and_wait
+from jetstream.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class KeyValue:
             except Exception:  # a bad round must not end reads by key for good
                 log.exception("key index round failed")
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+            await wait_event(self._wake, self._interval_s)
 
     async def _round(self) -> None:
         loop = asyncio.get_running_loop()

@@ -11,7 +11,6 @@ changes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -19,6 +18,7 @@ from jetstream.errors import CorruptRecord
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.stream.file_slice import FileSlice
 from jetstream.stream.log import Log
+from jetstream.tasks import wait_event
 from jetstream.tiered.partition_tier import PartitionTier
 
 #: Heals or serves around damage a leader's read met (jetstream.server.integrity): None to
@@ -57,8 +57,7 @@ class LeaderReads:
                     hw_seen is not None and self.high_watermark > hw_seen):
                 return piece
             changed = self._hw_changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+            await wait_event(changed, remaining)
 
     async def _read_log(self, offset: int, max_bytes: int, bound: int, skip_empty: bool,
                         verify: bool) -> FileSlice:

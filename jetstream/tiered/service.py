@@ -19,7 +19,6 @@ a new one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 from concurrent.futures import Executor
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from jetstream.stream.handles import HandlePool
-from jetstream.tasks import cancel_and_wait
+from jetstream.tasks import cancel_and_wait, wait_event
 from jetstream.tiered.offload import StepHook, TierMetrics
 from jetstream.tiered.partition_tier import PartitionTier, TierConfig, monotonic_ms
 from jetstream.tiered.reader import CACHE_DIR, FragmentCache
@@ -130,8 +129,7 @@ class Tiering:
                                 tier.store_error)
             tiers = [self._tiers[k] for k in self._followed if k in self._tiers]
             wait_ms = min((t.listing_due_ms() for t in tiers), default=now_ms + 60_000) - now_ms
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(wait_ms, 50) / 1000)
+            await wait_event(self._wake, max(wait_ms, 50) / 1000)
 
     @staticmethod
     def warnings(tiers: Iterable[PartitionTier]) -> list[dict[str, Any]]:
