@@ -238,6 +238,8 @@ class Broker:
         ready = json.dumps(self.describe_self()).encode()
         self._reserve.write(lambda: write_atomic(self.data_dir / READY_FILE, ready))
         log.info("broker %d ready: %s", self.config.broker_id, self.describe_self())
+        roles.follow()
+        self._reconcile_soon(roles)  # the follower roles held since `enable`
 
     def _take_clean_stop(self) -> bool:
         """Whether the last run stopped cleanly; the mark is removed, durably, before
@@ -416,6 +418,10 @@ class Broker:
         if roles is None or not roles.enabled:
             return  # enabling reconciles everything
         roles.changed(change)
+        self._reconcile_soon(roles)
+
+    def _reconcile_soon(self, roles: Roles) -> None:
+        """Reconcile the pending changes in a task (one at a time: it loops while there are)."""
         if self._reconciling is None or self._reconciling.done():
             self._reconciling = asyncio.get_running_loop().create_task(self._reconcile(roles))
             self._reconciling.add_done_callback(_log_failure)

@@ -85,6 +85,8 @@ STREAM_VERSION_FILE = "stream-version"
 IO_THREADS = 4
 #: Roles a reconcile stops, or leader roles it starts, at once.
 ROLES_CHANGED_TOGETHER = 128
+#: Follower roles a reconcile starts in one loop turn (each takes about a millisecond).
+FOLLOWERS_STARTED_PER_TURN = 32
 
 
 def stream_version_marker(created_version: int) -> bytes:
@@ -170,6 +172,8 @@ class Roles:
         self._log_versions: dict[PartitionKey, int] = {}
         self._lock = asyncio.Lock()
         self._dirty = Dirty()
+        #: Follower roles to start once `follow` is called (None: start them at once).
+        self._held: set[PartitionKey] | None = None
         self.metrics = ReconcileMetrics()
         #: The process's heap, when the broker owns it (jetstream.server.long_lived).
         self.long_lived: LongLivedObjects | None = None
@@ -190,10 +194,20 @@ class Roles:
             config, cluster.address_of if cluster is not None else _no_address, disk)
 
     async def enable(self) -> None:
-        """Take roles from now on, and reconcile everything."""
+        """Take roles from now on, and reconcile everything; follower roles to start stay
+        pending until `follow` (a starting broker's leaders and readiness do not wait for
+        its followers, nor share the CPU with them)."""
         self.enabled = True
+        self._held = set()
         self._dirty.add(EVERYTHING)
         await self.reconcile()
+
+    def follow(self) -> None:
+        """Start follower roles from now on: the next `reconcile` looks again at those held
+        since `enable`."""
+        if self._held:
+            self._dirty.add(Touched(frozenset(self._held)))
+        self._held = None
 
     def changed(self, change: Touched) -> None:
         """The metadata changed what `change` names: the next `reconcile` looks at it."""
@@ -261,9 +275,15 @@ class Roles:
         # subscriptions (a wave bounds the work between a wait's start and its PONG).
         await _all_of([self._start_leader(state.streams[p.stream], p)
                        for p in admitted.values() if p.leader == me])
-        for key, partition in admitted.items():
-            if partition.leader != me and partition.leader not in state.shutting_down:
-                await self._start_follower(state.streams[key[0]], partition)
+        to_follow = [p for p in admitted.values()
+                     if p.leader != me and p.leader not in state.shutting_down]
+        if self._held is not None:
+            self._held.update((p.stream, p.partition) for p in to_follow)
+            to_follow = []
+        for started, partition in enumerate(to_follow, 1):
+            await self._start_follower(state.streams[partition.stream], partition)
+            if started % FOLLOWERS_STARTED_PER_TURN == 0:
+                await asyncio.sleep(0)  # a follower's start does not wait: let others run
         self.tiering.retain(self.leaders.keys() | self.followers.keys())
         kept = wanted.keys() if clustered else state.partitions.keys()
         if change.everything:

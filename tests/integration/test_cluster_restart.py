@@ -7,6 +7,7 @@ brokers stopped together (controlled shutdown) hand nothing to one another."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import jetstream
@@ -24,6 +25,17 @@ from tests.integration.test_cluster import (
     running_cluster,
     stream_metadata,
 )
+
+
+async def _follows_after_ready(broker: BrokerProcess) -> bool | None:
+    """This start's log has follower starts, and none before the broker said it is ready."""
+    start = broker.log_path.read_text().rsplit("--- start", 1)[1]
+    ready = start.find(f"broker {broker.broker_id} ready:")
+    following = start.find("following broker ")
+    if ready < 0 or following < 0:
+        return None
+    assert ready < following, "a follower role started before the broker was ready"
+    return True
 
 
 def test_a_stop_right_after_ready_is_clean_and_marked(tmp_path: Path) -> None:
@@ -127,6 +139,9 @@ async def test_brokers_stopped_together_keep_their_leaderships(
         after = await eventually(renewed, "every leadership renewed")
         assert {s: leader for s, (leader, _) in after.items()} == \
             {s: leader for s, (leader, _) in before.items()}
+        for broker in cluster:  # its followers start once it is ready, not before
+            await eventually(functools.partial(_follows_after_ready, broker),
+                             "followers started")
         alone = by_id(cluster, after["t0"][0])
         led_alone = [s for s, (leader, _) in after.items() if leader == alone.broker_id]
         assert alone.stop() == 0
