@@ -38,6 +38,10 @@ Theory of operation
   of the servers and of this process. The load generator's ceiling: the same N messages as
   core NATS requests to a no-op responder (bench.common) on that system's nats-server, all
   at once; the slower of the two must still be at least 2x as fast as the faster side.
+- One publish to each again, last, at JetStream's durability: ours' default fsyncs before
+  it acks (`always`), JetStream's syncs every two minutes, so ours' streams are first
+  updated to `interval` (an fsync each second) and the publishes run again
+  (`publish_each_fsync_as_peer`; the target stays on the defaults).
 - Metadata failover: SIGKILL the metadata leader (ours: the brokers' /cluster; JetStream:
   /jsz's meta leader) and time from the signal to the first successful create of a probe
   stream by a client connected to the survivors (open before the kill). The probe has 2
@@ -334,6 +338,10 @@ async def streams_run(system: System, count: int, idle_s: float, out: JsonObject
             await phase(system, expected, deadline, record)
         except Exception as exc:  # recorded; the next phase starts from what is left
             record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    out["phase"] = "publish_each_fsync_as_peer"
+    if await system.fsync_as_peer([name for name, _ in names]):
+        out["publish_each_fsync_as_peer"] = await publish_each(
+            system.publish, [s for _, s in names], servers)
     del out["phase"]
 
 

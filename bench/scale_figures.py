@@ -140,6 +140,7 @@ def count_figures(n: int, sides: Mapping[str, JsonObject]) -> JsonObject:
         "js_create_total_s": _get(js, "create", "total_s"),
         "publish_each_s": _get(ours, "publish_each", "wall_s"),
         "publish_each_p99_ms": _get(ours, "publish_each", "ack_p99_ms"),
+        "publish_each_fsync_as_js_s": _get(ours, "publish_each_fsync_as_peer", "wall_s"),
         "js_publish_each_s": _get(js, "publish_each", "wall_s"),
         "js_publish_each_p99_ms": _get(js, "publish_each", "ack_p99_ms"),
         "metadata_failover_s": _get(ours, "failover", "failover_s"),
@@ -152,11 +153,14 @@ def count_figures(n: int, sides: Mapping[str, JsonObject]) -> JsonObject:
     }
     f["idle_cpu_vs_js"] = ratio(f["idle_cpu_pct"], f["js_idle_cpu_pct"])
     f["publish_each_vs_js"] = ratio(f["publish_each_s"], f["js_publish_each_s"])
+    f["publish_each_fsync_as_js_vs_js"] = ratio(f["publish_each_fsync_as_js_s"],
+                                                f["js_publish_each_s"])
     # The load generator's ceiling: the slower of the two no-op runs (one beside each side),
     # against the faster side.
     ceilings = [t for t in (_get(ours, "generator", "wall_s"), _get(js, "generator", "wall_s"))
                 if t is not None]
-    sides_s = [t for t in (f["publish_each_s"], f["js_publish_each_s"]) if t is not None]
+    sides_s = [t for t in (f["publish_each_s"], f["publish_each_fsync_as_js_s"],
+                           f["js_publish_each_s"]) if t is not None]
     f["generator_each_s"] = max(ceilings, default=None)
     f["generator_headroom"] = ratio(min(sides_s, default=None), f["generator_each_s"])
     # Per replica: at N R3 partitions on three brokers, each broker holds N replicas.
@@ -261,6 +265,8 @@ ROWS = (  # label, our key, JetStream's key, digits
     ("create, all (s)", "create_total_s", "js_create_total_s", 1),
     ("one publish to each, wall (s)", "publish_each_s", "js_publish_each_s", 3),
     ("one publish to each, ack p99 (ms)", "publish_each_p99_ms", "js_publish_each_p99_ms", 1),
+    ("the same, ours fsync interval (s)", "publish_each_fsync_as_js_s", "js_publish_each_s",
+     3),
     ("metadata failover, kill -> create (s)", "metadata_failover_s", "js_metadata_failover_s",
      2),
     ("whole-cluster restart -> all led (s)", "restart_s", "js_restart_s", 2),

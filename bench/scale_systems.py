@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -34,6 +34,8 @@ PROBE_REPLICAS = 2
 PROBE_TIMEOUT_S = 2.0
 PUBLISH_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 10.0
+#: Stream updates in flight at once (fsync_as_peer).
+UPDATES_AT_ONCE = 16
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -49,6 +51,7 @@ class System(Protocol):
     async def warm_up(self, deadline_s: float) -> None: ...
     async def create(self, name: str, subject: str) -> None: ...
     async def publish(self, subject: str) -> None: ...
+    async def fsync_as_peer(self, names: Sequence[str]) -> bool: ...
     async def unserved(self, expected: Mapping[str, int], full: bool) -> list[str] | None: ...
     async def find_metadata_leader(self) -> str: ...
     def survivor_probe(self) -> contextlib.AbstractAsyncContextManager[Probe]: ...
@@ -106,6 +109,18 @@ class Ours:
 
     async def publish(self, subject: str) -> None:
         await self.client.publish(subject, PAYLOAD, timeout=PUBLISH_TIMEOUT_S)
+
+    async def fsync_as_peer(self, names: Sequence[str]) -> bool:
+        """Every stream to fsync `interval` (each second; JetStream's default syncs every
+        two minutes), from the default `always` (fsync before the ack)."""
+        limit = asyncio.Semaphore(UPDATES_AT_ONCE)
+
+        async def update(name: str) -> None:
+            async with limit:
+                await self.client.update_stream(name, fsync="interval")
+
+        await asyncio.gather(*(update(name) for name in names))
+        return True
 
     async def unserved(self, expected: Mapping[str, int], full: bool) -> list[str] | None:
         """The partitions of `expected` (stream -> partitions) no broker runs the leader
@@ -212,6 +227,10 @@ class Peer:
 
     async def publish(self, subject: str) -> None:
         await self.js.publish(subject, PAYLOAD, timeout=PUBLISH_TIMEOUT_S)
+
+    async def fsync_as_peer(self, names: Sequence[str]) -> bool:
+        """Already so: this is the peer."""
+        return False
 
     async def unserved(self, expected: Mapping[str, int], full: bool) -> list[str] | None:
         """See scale_figures.js_unserved, from each live server's monitor port (not the

@@ -29,11 +29,9 @@ import io
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from jetstream.datastreams.connector import (
     Endpoints,
@@ -54,6 +52,9 @@ from jetstream.datastreams.parquet_files import (
 )
 from jetstream.errors import InvalidDatastreamConfig
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 __all__ = ["MANIFEST_DIR", "TMP_DIR", "ParquetSink", "ParquetWriter", "RollLimits",
            "file_name", "read_manifest", "should_roll"]
 
@@ -68,12 +69,18 @@ ROWS_LIMIT = 10_000_000
 BYTES_LIMIT = 1024 * 1024 * 1024
 ROLL_MS_LIMIT = 24 * 3600 * 1000
 
-SCHEMA = pa.schema([
-    pa.field("source", pa.string()), pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()), pa.field("timestamp_ms", pa.int64()),
-    pa.field("key", pa.binary()), pa.field("value", pa.binary()),
-    pa.field("headers", pa.map_(pa.string(), pa.binary())),
-])
+
+@cache
+def schema() -> pa.Schema:
+    """The files' columns. pyarrow is imported when a sink first writes (a broker that runs
+    no Parquet datastream does not pay for importing it)."""
+    import pyarrow as pa
+    return pa.schema([
+        pa.field("source", pa.string()), pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()), pa.field("timestamp_ms", pa.int64()),
+        pa.field("key", pa.binary()), pa.field("value", pa.binary()),
+        pa.field("headers", pa.map_(pa.string(), pa.binary())),
+    ])
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +208,13 @@ class ParquetWriter:
                    [r.position for r in rows], [r.timestamp_ms for r in rows],
                    [r.key for r in rows], [r.value for r in rows],
                    [list(r.headers.items()) for r in rows])
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        columns_of = schema()
         table = pa.Table.from_batches([pa.RecordBatch.from_arrays(
-            [pa.array(values, type=f.type) for values, f in zip(columns, SCHEMA, strict=True)],
-            schema=SCHEMA)], schema=SCHEMA)
+            [pa.array(values, type=f.type) for values, f in zip(columns, columns_of,
+                                                                  strict=True)],
+            schema=columns_of)], schema=columns_of)
         sink = io.BytesIO()
         pq.write_table(table, sink)
         payload = sink.getvalue()

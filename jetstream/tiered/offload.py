@@ -40,7 +40,7 @@ from jetstream.compaction import checkpoint as cleaner_checkpoint
 from jetstream.errors import FragmentStoreUnavailable, SegmentsChanged
 from jetstream.stream import format as fmt
 from jetstream.stream.log import Log
-from jetstream.tiered import codec, parquet
+from jetstream.tiered import codec
 from jetstream.tiered.index import FragmentIndex, StoredFragment
 from jetstream.tiered.names import Compression, FragmentKind, FragmentName
 from jetstream.tiered.planner import (
@@ -177,6 +177,7 @@ def backlog_bytes(settings: TieredSettings, plan: OffloadPlan, sealed: list[Segm
 def _write_parquet(store: FragmentStore, log_: Log, task: PassInput, index: FragmentIndex,
                    sealed: list[SegmentInfo], result: PassResult, step: StepHook) -> None:
     """Write the segments Parquet does not cover yet as Parquet fragments, each verified."""
+    from jetstream.tiered import parquet  # pyarrow: imported by brokers that write Parquet
     uploads, _backlog = plan_parquet(sealed, task.high_watermark, index.parquet,
                                      clean_below(task.settings, log_))
     for segment in uploads:

@@ -109,8 +109,9 @@ def side(idle_cpu: float, fds: int, create_p99_ms: float, publish_s: float,
 
 
 def test_headline_figures_growth_and_targets() -> None:
+    at_peer_fsync = {"publish_each_fsync_as_peer": {"wall_s": 0.04}}
     runs = {
-        100: {"ours": side(1.0, 400, 20.0, 0.10, 1.0, 2.0),
+        100: {"ours": side(1.0, 400, 20.0, 0.10, 1.0, 2.0) | at_peer_fsync,
               "jetstream": side(0.5, 200, 60.0, 0.05, 6.0, 1.0)},
         1000: {"ours": side(4.0, 1200, 28.0, 0.50, 1.5, 5.0),
                "jetstream": side(5.0, 900, 65.0, 0.60, 7.0, 1.0, generator_s=0.3),
@@ -120,6 +121,8 @@ def test_headline_figures_growth_and_targets() -> None:
     assert flat["idle_cpu_pct_1000"] == 4.0
     assert flat["idle_cpu_vs_js_1000"] == pytest.approx(0.8)
     assert flat["publish_each_vs_js_100"] == pytest.approx(2.0)
+    assert flat["publish_each_fsync_as_js_vs_js_100"] == pytest.approx(0.8)
+    assert flat["publish_each_fsync_as_js_vs_js_1000"] is None  # not measured there
     assert flat["fds_per_replica_1000"] == pytest.approx(1.2)
     assert flat["idle_cpu_ms_per_s_per_replica_1000"] == pytest.approx(0.04)
     assert flat["generator_headroom_1000"] == pytest.approx(0.5 / 0.3)  # the slower ceiling
@@ -136,6 +139,7 @@ def test_headline_figures_growth_and_targets() -> None:
     results = {"counts": [100, 1000], "fd_budget": 1280, "targets": targets,
                "runs": {str(n): sides for n, sides in runs.items()}, **flat}
     assert "FAILED 1000 ours_one_stream: create: InvalidStreamConfig" in table(results)
+    assert "the same, ours fsync interval (s)" in table(results)
 
 
 def test_failures_of_runs_and_of_their_phases() -> None:
