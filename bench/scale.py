@@ -340,8 +340,8 @@ async def streams_run(system: System, count: int, idle_s: float, out: JsonObject
             record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
     out["phase"] = "publish_each_fsync_as_peer"
     if await system.fsync_as_peer([name for name, _ in names]):
-        out["publish_each_fsync_as_peer"] = await publish_each(
-            system.publish, [s for _, s in names], servers)
+        out["publish_each_fsync_as_peer"] = await publish_each(  # PIDs since the restart
+            system.publish, [s for _, s in names], list(system.pids().values()))
     del out["phase"]
 
 

@@ -193,12 +193,12 @@ class Roles:
         self.fetchers = ReplicaFetchers(
             config, cluster.address_of if cluster is not None else _no_address, disk)
 
-    async def enable(self) -> None:
-        """Take roles from now on, and reconcile everything; follower roles to start stay
-        pending until `follow` (a starting broker's leaders and readiness do not wait for
-        its followers, nor share the CPU with them)."""
+    async def enable(self, *, hold_followers: bool = False) -> None:
+        """Take roles from now on, and reconcile everything. `hold_followers`: follower
+        roles to start stay pending until `follow` (a starting broker's leaders and
+        readiness do not wait for its followers, nor share the CPU with them)."""
         self.enabled = True
-        self._held = set()
+        self._held = set() if hold_followers else None
         self._dirty.add(EVERYTHING)
         await self.reconcile()
 
