@@ -30,6 +30,8 @@ from jetstream.errors import JetstreamError
 DEV_NATS_PORT = 4222
 DEV_BROKERS = 3
 DEV_BASE_PORTS = {"port": 7400, "http_port": 7480, "raft": 7500}
+#: How long the tasks left after a broker's stop get to end (`_end_leftover_tasks`).
+LEFTOVER_TASKS_WAIT_S = 5.0
 
 
 def _free(port: int) -> bool:
@@ -209,9 +211,30 @@ def _server(args: argparse.Namespace) -> int:
                   f"{info['port']}  http {http}://{info['host']}:{info['http_port']}  "
                   f"nats {info['nats_url']}", flush=True)
         await broker.run_until_stopped()
+        await _end_leftover_tasks()
 
     asyncio.run(run())
     return 0
+
+
+async def _end_leftover_tasks() -> None:
+    """The broker has stopped: end the tasks still there, each cancelled again until it is
+    done. One that is still running after LEFTOVER_TASKS_WAIT_S is logged with its stack,
+    and the process exits anyway (its data was closed by the stop)."""
+    import logging
+
+    from jetstream.tasks import cancel_others
+
+    stuck = await cancel_others(LEFTOVER_TASKS_WAIT_S)
+    if not stuck:
+        return
+    log = logging.getLogger("jetstream.cli")
+    for task in stuck:
+        frames = "".join(f"\n  {f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+                         for f in task.get_stack())
+        log.error("task %s still runs after the broker stopped:%s", task.get_name(), frames)
+    logging.shutdown()
+    os._exit(0)
 
 
 def _dump_stacks_on_sigusr1() -> None:

@@ -34,6 +34,25 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
                 task.exception()  # retrieved: no "exception was never retrieved" warning
 
 
+async def cancel_others(deadline_s: float) -> list[asyncio.Task[Any]]:
+    """Cancel every task of the running loop but the caller's, again every RECANCEL_S, until
+    all are done or `deadline_s` passed; the tasks still running then, by name. What a
+    process runs last: `asyncio.run` cancels the tasks left once and waits for them without a
+    deadline, so one that swallowed that cancellation would keep the process from exiting."""
+    me = asyncio.current_task()
+    pending = {t for t in asyncio.all_tasks() if t is not me}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        done, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: no "exception was never retrieved" warning
+    return sorted(pending, key=lambda t: t.get_name())
+
+
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     """Wait until `event` is set, at most `timeout_s`; whether it is set. A cancellation
     always propagates (see the module docstring)."""
