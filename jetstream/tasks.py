@@ -24,14 +24,23 @@ RECANCEL_S = 0.1
 async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
     """Cancel every task given (None is skipped) and return once all are done; their results,
     exceptions and cancellations are consumed."""
-    pending = {t for t in tasks if t is not None and t is not asyncio.current_task()}
-    while pending:
+    await _cancel_until({t for t in tasks if t is not None and t is not asyncio.current_task()},
+                        None)
+
+
+async def _cancel_until(pending: set[asyncio.Future[Any]], deadline: float | None
+                        ) -> set[asyncio.Future[Any]]:
+    """Cancel `pending` again every RECANCEL_S until all are done or the loop's clock passes
+    `deadline` (None: none); those not done. Results and exceptions are consumed."""
+    loop = asyncio.get_running_loop()
+    while pending and (deadline is None or loop.time() < deadline):
         for task in pending:
             task.cancel()
         done, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
         for task in done:
             if not task.cancelled():
                 task.exception()  # retrieved: no "exception was never retrieved" warning
+    return pending
 
 
 async def cancel_others(deadline_s: float) -> list[asyncio.Task[Any]]:
@@ -40,17 +49,9 @@ async def cancel_others(deadline_s: float) -> list[asyncio.Task[Any]]:
     process runs last: `asyncio.run` cancels the tasks left once and waits for them without a
     deadline, so one that swallowed that cancellation would keep the process from exiting."""
     me = asyncio.current_task()
-    pending = {t for t in asyncio.all_tasks() if t is not me}
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadline_s
-    while pending and loop.time() < deadline:
-        for task in pending:
-            task.cancel()
-        done, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
-        for task in done:
-            if not task.cancelled():
-                task.exception()  # retrieved: no "exception was never retrieved" warning
-    return sorted(pending, key=lambda t: t.get_name())
+    others: set[asyncio.Future[Any]] = {t for t in asyncio.all_tasks() if t is not me}
+    left = await _cancel_until(others, asyncio.get_running_loop().time() + deadline_s)
+    return sorted((t for t in left if isinstance(t, asyncio.Task)), key=lambda t: t.get_name())
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
