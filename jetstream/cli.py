@@ -221,6 +221,7 @@ async def _end_leftover_tasks() -> None:
     """The broker has stopped: end the tasks still there, each cancelled again until it is
     done. One that is still running after LEFTOVER_TASKS_WAIT_S is logged with its stack,
     and the process exits anyway (its data was closed by the stop)."""
+    import io
     import logging
 
     from jetstream.tasks import cancel_others
@@ -230,9 +231,10 @@ async def _end_leftover_tasks() -> None:
         return
     log = logging.getLogger("jetstream.cli")
     for task in stuck:
-        frames = "".join(f"\n  {f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
-                         for f in task.get_stack())
-        log.error("task %s still runs after the broker stopped:%s", task.get_name(), frames)
+        stack = io.StringIO()
+        task.print_stack(file=stack)
+        log.error("task %s still runs after the broker stopped:\n%s", task.get_name(),
+                  stack.getvalue())
     logging.shutdown()
     os._exit(0)
 

@@ -16,9 +16,10 @@ and the loop runs on, so a stop, or `asyncio.run` cancelling what is left, waits
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypeVar
 
 RECANCEL_S = 0.1
+_F = TypeVar("_F", bound="asyncio.Future[Any]")
 
 
 async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
@@ -28,8 +29,7 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
                         None)
 
 
-async def _cancel_until(pending: set[asyncio.Future[Any]], deadline: float | None
-                        ) -> set[asyncio.Future[Any]]:
+async def _cancel_until(pending: set[_F], deadline: float | None) -> set[_F]:
     """Cancel `pending` again every RECANCEL_S until all are done or the loop's clock passes
     `deadline` (None: none); those not done. Results and exceptions are consumed."""
     loop = asyncio.get_running_loop()
@@ -49,9 +49,9 @@ async def cancel_others(deadline_s: float) -> list[asyncio.Task[Any]]:
     process runs last: `asyncio.run` cancels the tasks left once and waits for them without a
     deadline, so one that swallowed that cancellation would keep the process from exiting."""
     me = asyncio.current_task()
-    others: set[asyncio.Future[Any]] = {t for t in asyncio.all_tasks() if t is not me}
-    left = await _cancel_until(others, asyncio.get_running_loop().time() + deadline_s)
-    return sorted((t for t in left if isinstance(t, asyncio.Task)), key=lambda t: t.get_name())
+    left = await _cancel_until({t for t in asyncio.all_tasks() if t is not me},
+                               asyncio.get_running_loop().time() + deadline_s)
+    return sorted(left, key=lambda t: t.get_name())
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:

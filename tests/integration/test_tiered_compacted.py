@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,6 +21,7 @@ from jetstream.client import Client, PublishMessage
 from jetstream.server.process import BrokerProcess
 from jetstream.tiered.names import FragmentKind
 from jetstream.tiered.store import FragmentStore
+from tests.integration.test_compaction import partition_compaction
 
 KEYS, UPDATES = 20, 1500
 STREAM = "table"
@@ -61,18 +61,15 @@ async def cleaner_quiet(broker: BrokerProcess, deadline_s: float = 60) -> None:
     deadline = time.monotonic() + deadline_s
     last: int | None = None
     since = time.monotonic()
-    async with httpx.AsyncClient(base_url=broker.http_url, timeout=30) as http:
-        while True:
-            answer = await http.get(f"/streams/{STREAM}")
-            answer.raise_for_status()
-            passes = (answer.json()["partitions"][0].get("compaction") or {}).get("passes", 0)
-            if passes != last:
-                last, since = passes, time.monotonic()
-            if passes and time.monotonic() - since > 1.0:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the cleaner did not settle in {deadline_s} s")
-            await asyncio.sleep(0.1)
+    while True:
+        passes = (await partition_compaction(broker, STREAM) or {}).get("passes", 0)
+        if passes != last:
+            last, since = passes, time.monotonic()
+        if passes and time.monotonic() - since > 1.0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the cleaner did not settle in {deadline_s} s")
+        await asyncio.sleep(0.1)
 
 
 async def test_compacted_stream_offloads_and_parquet_holds_cleaned_records(
