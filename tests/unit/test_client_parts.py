@@ -8,6 +8,8 @@ import zlib
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jetstream.client import client as client_module
 from jetstream.client import sync
@@ -42,6 +44,27 @@ def test_metadata_indexes_streams_by_subject_and_counts_partitions() -> None:
     assert metadata.partition_count("orders") == 5
     assert not metadata.is_stale(now=39.0, max_age_s=30.0)
     assert metadata.is_stale(now=41.0, max_age_s=30.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "drop"]), st.sampled_from("abcdef"),
+                          st.sampled_from(["x", "y", "z"])), max_size=40))
+def test_metadata_index_by_subject_matches_a_rebuild_after_any_changes(
+        changes: list[tuple[str, str, str]]) -> None:
+    """put_stream and drop_stream correct the subject index in place: it always equals the
+    index of the same streams set at once."""
+    metadata = ClusterMetadata()
+    metadata.set_streams([stream("c", "x", 1), stream("a", "y", 2)], now=0.0)
+    for change, name, subject in changes:
+        if change == "put":
+            metadata.put_stream(stream(name, subject, 1 + ord(name) % 3))
+        else:
+            metadata.drop_stream(name)
+    rebuilt = ClusterMetadata()
+    current = [s for s in (metadata.stream(n) for n in "abcdef") if s is not None]
+    rebuilt.set_streams(current, now=0.0)
+    for subject in ("x", "y", "z"):
+        assert metadata.streams_on(subject) == rebuilt.streams_on(subject)
 
 
 def test_metadata_names_brokers_by_id_and_no_leader_as_none() -> None:
