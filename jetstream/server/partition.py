@@ -154,6 +154,7 @@ class PartitionLeader(LeaderReads):
         self._key = (stream.name, state.partition)
         self._acks = ack_codec.AckEncoder(stream.name, state.partition)
         self._always = stream.fsync is FsyncPolicy.ALWAYS
+        self._sync_task: asyncio.Task[None] | None = None
         # Batches appended but not yet durable (leader acks) / not yet committed (all acks).
         self._unsynced: collections.deque[PendingBatch] = collections.deque()
         self._uncommitted: collections.deque[PendingBatch] = collections.deque()
@@ -195,8 +196,13 @@ class PartitionLeader(LeaderReads):
             self._tasks.append(asyncio.create_task(self._ingest_loop(),
                                                    name=f"ingest {self.name}"))
         if self._always:
-            self._tasks.append(asyncio.create_task(self._sync_loop(), name=f"sync {self.name}"))
+            self._start_sync_loop()
         self._housekeeping.start()
+
+    def _start_sync_loop(self) -> None:
+        if self._sync_task is None:
+            self._sync_task = asyncio.create_task(self._sync_loop(), name=f"sync {self.name}")
+            self._tasks.append(self._sync_task)
 
     def _start_replication(self, replication: Replication) -> None:
         self.log.start_leader_epoch(self.state.leader_epoch)
@@ -255,9 +261,18 @@ class PartitionLeader(LeaderReads):
         self._housekeeping.checkpoint()
 
     def reconfigure(self, stream: StreamConfig) -> None:
-        """The stream was updated (its fsync policy unchanged: that takes a new leader)."""
+        """The stream was updated (its tiered settings unchanged: those take a new leader).
+        A new fsync policy applies from the next batch: under `always` the sync loop starts;
+        leaving it, the batches waiting for an fsync get it, then acks no longer wait."""
         self.stream = stream
         self.guarded.reconfigure(stream, self.log)
+        always = stream.fsync is FsyncPolicy.ALWAYS
+        if always != self._always and not self._stopping:
+            self._always = always
+            if always:
+                self._start_sync_loop()
+            else:
+                self._sync_wanted.set()
         self._housekeeping.segments_changed()
 
     def segments_changed(self) -> None:

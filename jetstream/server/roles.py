@@ -486,8 +486,10 @@ class Roles:
     async def _apply_configs(self, keys: list[PartitionKey],
                              streams: Mapping[str, StreamConfig]) -> None:
         """Give the open logs and running roles of `keys` their stream's current config
-        (after an update). A leader whose fsync policy changed is restarted at the same
-        epoch: its sync loop follows the policy it started with."""
+        (after an update). A leader whose tiered settings changed is restarted at the same
+        epoch: its tier follows the settings it started with. Anything else, the fsync policy
+        included, changes in place: a restarted leader would refuse `all` publishes until
+        its followers fetched from it again."""
         for key in keys:
             log_ = self._logs.get(key)
             stream = streams.get(key[0])
@@ -505,10 +507,7 @@ class Roles:
             stream = streams.get(key[0])
             if leader is None or stream is None or stream == leader.stream:
                 continue
-            if (stream.fsync, stream.fsync_interval_ms, settings_of(stream)) != (
-                    leader.stream.fsync, leader.stream.fsync_interval_ms,
-                    settings_of(leader.stream)):
-                # The sync loop and the tier follow the settings the leader started with.
+            if settings_of(stream) != settings_of(leader.stream):
                 await self._stop_leader(key)  # started again below, by the same reconcile
             else:
                 leader.reconfigure(stream)

@@ -71,3 +71,27 @@ async def test_fsync_group_min_zero_fsyncs_each_log(tmp_path: Path, nats_url: st
         await publish_each(brokers, b"a")
         assert await total(brokers, GROUPS) == 0
         assert await read_each(brokers) == [[b"a"]] * STREAMS
+
+
+async def test_an_fsync_change_applies_in_place_and_keeps_every_isr(
+        tmp_path: Path, nats_url: str) -> None:
+    """`update_stream(fsync=...)` changes the running leaders' policy without restarting
+    them: no leader role starts, and an `all` publish right after the change is taken (a
+    restarted leader refused them until its followers fetched from it again)."""
+    started = "jetstream_roles_leaders_started_total"
+    with running_cluster(tmp_path, nats_url, TUNING) as brokers:
+        async with jetstream.connect(",".join(b.address for b in brokers)) as js:
+            await create(js, 0, STREAMS)
+            await all_in_sync(js, STREAMS, brokers)
+            leaders = await total(brokers, started)
+            for i in range(STREAMS):
+                await js.update_stream(f"idle-{i}", fsync="interval")
+            groups = await total(brokers, GROUPS)
+            await publish_each(brokers, b"a")
+            assert await total(brokers, GROUPS) == groups  # nothing waited for an fsync
+            for i in range(STREAMS):
+                await js.update_stream(f"idle-{i}", fsync="always")
+            await publish_each(brokers, b"b")
+            assert await total(brokers, GROUPS) > groups  # the sync loops run again
+            assert await total(brokers, started) == leaders
+        assert await read_each(brokers) == [[b"a", b"b"]] * STREAMS
