@@ -113,6 +113,7 @@ from bench.scale_systems import (
     System,
 )
 from jetstream.natsd import NatsServer
+from jetstream.raft_meta.model import PARTITIONS_MAX
 from jetstream.server.config import BrokerConfig
 from jetstream.server.files import budget as files_budget
 
@@ -351,7 +352,11 @@ async def ours_streams(work: Path, count: int, idle_s: float, out: JsonObject) -
 
 
 async def ours_one_stream(work: Path, count: int, idle_s: float, out: JsonObject) -> None:
-    """One stream of `count` partitions: create, served, idle."""
+    """One stream of `count` partitions: create, served, idle. Past PARTITIONS_MAX (a
+    stream's most partitions) the run is recorded as skipped."""
+    if count > PARTITIONS_MAX:
+        out["skipped"] = f"a stream holds at most {PARTITIONS_MAX} partitions"
+        return
     async with Ours.running(work) as system:
         out["phase"] = "create"
 

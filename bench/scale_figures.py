@@ -231,7 +231,8 @@ def parse_counts(text: str) -> tuple[int, ...]:
 def failures(runs: Mapping[str, Mapping[str, JsonObject]], count: str | None = None
              ) -> list[str]:
     """Every error recorded in a sweep's runs (of one `count`, or all): a run's, or one of
-    its phases' ("failover", "restart"), as `<count> <run> [<phase>]: <error>`."""
+    its phases' ("failover", "restart"), or publishes that failed in a publish phase, as
+    `<count> <run> [<phase>]: <error>`."""
     found = []
     for n, sides in runs.items():
         for side, result in sides.items():
@@ -242,6 +243,10 @@ def failures(runs: Mapping[str, Mapping[str, JsonObject]], count: str | None = N
             found += [f"{n} {side} {phase}: {result[phase]['error']}"
                       for phase in ("failover", "restart")
                       if isinstance(result.get(phase), dict) and "error" in result[phase]]
+            found += [f"{n} {side} {phase}: {result[phase]['errors']} publishes failed, "
+                      f"first: {result[phase].get('first_errors', [])[:1]}"
+                      for phase in ("publish_each", "publish_each_fsync_as_peer")
+                      if isinstance(result.get(phase), dict) and result[phase].get("errors")]
     return found
 
 

@@ -146,8 +146,13 @@ def test_failures_of_runs_and_of_their_phases() -> None:
     runs = {"100": {"ours": {"failover": {"failover_s": 1.0, "error": "TimeoutError: x"},
                              "restart": {"led_s": 2.0}},
                     "jetstream": {"error": "create: y"}},
-            "1000": {"ours": {}}}
-    assert failures(runs) == ["100 ours failover: TimeoutError: x", "100 jetstream: create: y"]
+            "1000": {"ours": {"publish_each": {"errors": 0, "first_errors": []}}},
+            "3000": {"ours": {"publish_each_fsync_as_peer": {
+                "errors": 2, "first_errors": ["s1: NotEnoughReplicas()", "s2: x"]}}}}
+    assert failures(runs) == [
+        "100 ours failover: TimeoutError: x", "100 jetstream: create: y",
+        ("3000 ours publish_each_fsync_as_peer: 2 publishes failed, first: "
+         "['s1: NotEnoughReplicas()']")]
     assert failures(runs, "1000") == []
 
 
