@@ -132,7 +132,6 @@ class PartitionLeader(LeaderAppends, LeaderReads):
         self.subject = stream.partition_subject(state.partition)
         self._key = (stream.name, state.partition)
         self._acks = ack_codec.AckEncoder(stream.name, state.partition)
-        self._always = stream.fsync is FsyncPolicy.ALWAYS
         self._sync_task: asyncio.Task[None] | None = None
         # Batches appended but not yet durable (leader acks) / not yet committed (all acks).
         self._unsynced: collections.deque[PendingBatch] = collections.deque()
@@ -154,6 +153,11 @@ class PartitionLeader(LeaderAppends, LeaderReads):
         self._housekeeping = Housekeeping(self, scheduler, config, self._tick, tier=tier)
         self._stopping = False
         self.guarded = PartitionGuard(stream, config)
+
+    @property
+    def _always(self) -> bool:
+        """Acks wait for an fsync (the stream's current policy)."""
+        return self.stream.fsync is FsyncPolicy.ALWAYS
 
     @property
     def name(self) -> str:
@@ -243,12 +247,11 @@ class PartitionLeader(LeaderAppends, LeaderReads):
         """The stream was updated (its tiered settings unchanged: those take a new leader).
         A new fsync policy applies from the next batch: under `always` the sync loop starts;
         leaving it, the batches waiting for an fsync get it, then acks no longer wait."""
+        was_always = self._always
         self.stream = stream
         self.guarded.reconfigure(stream, self.log)
-        always = stream.fsync is FsyncPolicy.ALWAYS
-        if always != self._always and not self._stopping:
-            self._always = always
-            if always:
+        if self._always != was_always and not self._stopping:
+            if self._always:
                 self._start_sync_loop()
             else:
                 self._sync_wanted.set()
