@@ -92,6 +92,7 @@ def _dev(args: argparse.Namespace) -> int:
         for broker in brokers:  # this process is theirs
             broker.long_lived = LongLivedObjects()
         try:
+            _freeze_modules()
             # Together: each waits for a majority of the metadata group before it is ready.
             await asyncio.gather(*(b.start() for b in brokers))
             _freeze_startup_objects()
@@ -198,6 +199,7 @@ def _server(args: argparse.Namespace) -> int:
     _dump_stacks_on_sigusr1()
 
     async def run() -> None:
+        _freeze_modules()
         await broker.start(stop_on_signals=True)
         _freeze_startup_objects()
         info = broker.describe_self()
@@ -246,6 +248,16 @@ def _dump_stacks_on_sigusr1() -> None:
     import signal
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def _freeze_modules() -> None:
+    """Before a broker starts: what the imports allocated (modules, classes, the web
+    framework's models) lives as long as the process, so the full collections of the
+    start (thousands of roles) need not walk it. Without a collection first: the imports
+    leave next to no garbage, and one would cost as much as those it saves."""
+    import gc
+
+    gc.freeze()
 
 
 def _freeze_startup_objects() -> None:

@@ -94,16 +94,19 @@ def stream_version_marker(created_version: int) -> bytes:
     return str(created_version).encode()
 
 
-async def _all_of(steps: list[Awaitable[None]]) -> None:
+async def _all_of(steps: list[Awaitable[None]],
+                  between: Callable[[], None] = lambda: None) -> None:
     """Run `steps` ROLES_CHANGED_TOGETHER at a time, then raise the first failure. Each stop
     or start of a role waits for a few loop turns: one after the other, thousands of them
     would add those up; all at once, their work between two waits would be one long turn
-    that holds up the fetch sessions' answers (and followers then think leaders failed)."""
+    that holds up the fetch sessions' answers (and followers then think leaders failed).
+    `between` runs after each of those waves."""
     failures: list[BaseException] = []
     for start in range(0, len(steps), ROLES_CHANGED_TOGETHER):
         outcomes = await asyncio.gather(*steps[start:start + ROLES_CHANGED_TOGETHER],
                                         return_exceptions=True)
         failures += [o for o in outcomes if isinstance(o, BaseException)]
+        between()
     if failures:
         raise failures[0]
 
@@ -231,9 +234,16 @@ class Roles:
                 self._dirty.add(change)
                 raise
             finally:
-                if self.long_lived is not None:
-                    self.long_lived.observe(self.metrics.roles_started,
-                                            self.metrics.roles_stopped)
+                self._settle()
+
+    def _settle(self) -> None:
+        """Tell the process's heap keeper (jetstream.server.long_lived) how many roles
+        started and stopped so far: also between the waves of one reconcile, since a
+        broker starting thousands of roles in one reconcile would otherwise walk all it
+        allocated so far in every full collection until the end (measured: 0.75 s of
+        collections before a broker starting 2,000 leaders was ready)."""
+        if self.long_lived is not None:
+            self.long_lived.observe(self.metrics.roles_started, self.metrics.roles_stopped)
 
     async def _reconcile(self, change: Touched) -> None:
         state = self._metadata.state
@@ -274,7 +284,7 @@ class Roles:
         # In waves: the leaders of one loop turn share the PING that confirms their NATS
         # subscriptions (a wave bounds the work between a wait's start and its PONG).
         await _all_of([self._start_leader(state.streams[p.stream], p)
-                       for p in admitted.values() if p.leader == me])
+                       for p in admitted.values() if p.leader == me], self._settle)
         to_follow = [p for p in admitted.values()
                      if p.leader != me and p.leader not in state.shutting_down]
         if self._held is not None:
@@ -283,6 +293,7 @@ class Roles:
         for started, partition in enumerate(to_follow, 1):
             await self._start_follower(state.streams[partition.stream], partition)
             if started % FOLLOWERS_STARTED_PER_TURN == 0:
+                self._settle()
                 await asyncio.sleep(0)  # a follower's start does not wait: let others run
         self.tiering.retain(self.leaders.keys() | self.followers.keys())
         kept = wanted.keys() if clustered else state.partitions.keys()

@@ -53,3 +53,21 @@ def test_stopped_roles_give_their_cycles_back_to_the_collector() -> None:
 def test_limits_are_checked() -> None:
     with pytest.raises(ValueError):
         LongLivedObjects(settle_roles=0)
+
+
+async def test_a_reconcile_tells_the_heap_keeper_between_its_waves() -> None:
+    """A broker starting thousands of roles in one reconcile settles its heap as it goes,
+    not once at the end (jetstream.server.roles._all_of's `between`)."""
+    from jetstream.server.roles import ROLES_CHANGED_TOGETHER, _all_of
+
+    started = 0
+    seen: list[int] = []
+
+    async def start() -> None:
+        nonlocal started
+        started += 1
+
+    await _all_of([start() for _ in range(2 * ROLES_CHANGED_TOGETHER + 1)],
+                  lambda: seen.append(started))
+    assert seen == [ROLES_CHANGED_TOGETHER, 2 * ROLES_CHANGED_TOGETHER,
+                    2 * ROLES_CHANGED_TOGETHER + 1]
