@@ -34,10 +34,12 @@ Theory of operation
   brokers (ours' nats-server, which holds the brokers' subscriptions, is listed beside).
 - One publish to each: one 128 B message to every stream, all at once, each waiting for its
   ack (ours: the client's `publish`, the stream's ack policy `all`; JetStream
-  `js.publish`): the wall time, each ack's latency from its own call, and CPU per message
-  of the servers and of this process. The load generator's ceiling: the same N messages as
+  `js.publish`), PUBLISH_ROUNDS rounds one after the other: the median round's wall time
+  and its acks' latencies (each from its own call), and CPU per message of the servers and
+  of this process over all rounds. The load generator's ceiling: the same N messages as
   core NATS requests to a no-op responder (bench.common) on that system's nats-server, all
-  at once; the slower of the two must still be at least 2x as fast as the faster side.
+  at once, the same rounds; the slower of the two must still be at least 2x as fast as the
+  faster side.
 - One publish to each again, last, at JetStream's durability: ours' default fsyncs before
   it acks (`always`), JetStream's syncs every two minutes, so ours' streams are first
   updated to `interval` (an fsync each second) and the publishes run again
@@ -117,6 +119,9 @@ from jetstream.raft_meta.model import PARTITIONS_MAX
 from jetstream.server.config import BrokerConfig
 from jetstream.server.files import budget as files_budget
 
+#: Rounds of "one publish to each"; the figures are the median round's: at 100 streams a
+#: round takes tens of milliseconds, and one round of either side varied 3x between runs.
+PUBLISH_ROUNDS = 5
 QUICK_COUNTS = (100, 1000)
 FULL_COUNTS = (100, 1000, 3000)
 IDLE_S_QUICK, IDLE_S_FULL = 10.0, 20.0
@@ -187,13 +192,16 @@ async def idle(pids: Mapping[str, int], brokers: Collection[str], idle_s: float)
 
 
 async def publish_each(publish: Callable[[str], Awaitable[object]], subjects: Sequence[str],
-                       server_pids: Collection[int]) -> JsonObject:
-    """One message to each subject, all at once; wall time, each ack's latency from its own
-    call, and the CPU the servers and this process spent per message."""
-    latencies: list[float] = []
+                       server_pids: Collection[int], rounds: int = PUBLISH_ROUNDS
+                       ) -> JsonObject:
+    """One message to each subject, all at once, `rounds` times one round after the other:
+    the median round's wall time and its acks' latencies (each from its own call), and the
+    CPU the servers and this process spent per message over all rounds."""
+    walls: list[float] = []
+    latencies_of: list[list[float]] = []
     errors: list[str] = []
 
-    async def one(subject: str) -> None:
+    async def one(subject: str, latencies: list[float]) -> None:
         started = time.perf_counter()
         try:
             await publish(subject)
@@ -204,16 +212,22 @@ async def publish_each(publish: Callable[[str], Awaitable[object]], subjects: Se
 
     server_cpu = sum(cpu_seconds(pid) for pid in server_pids)
     client_cpu = time.process_time()
-    started = time.perf_counter()
-    await asyncio.gather(*(one(subject) for subject in subjects))
-    wall = time.perf_counter() - started
+    for _ in range(rounds):
+        latencies: list[float] = []
+        started = time.perf_counter()
+        await asyncio.gather(*(one(subject, latencies) for subject in subjects))
+        walls.append(time.perf_counter() - started)
+        latencies_of.append(latencies)
     n = len(subjects)
-    summary = latency_summary(latencies)
-    return {"messages": n, "wall_s": wall, "msgs_per_s": n / wall,
+    median = sorted(range(rounds), key=walls.__getitem__)[rounds // 2]
+    summary = latency_summary(latencies_of[median])
+    sent = n * rounds
+    return {"messages": n, "rounds": rounds, "wall_s": walls[median], "round_walls_s": walls,
+            "msgs_per_s": n / walls[median],
             "ack_p50_ms": summary["p50_ms"], "ack_p99_ms": summary["p99_ms"],
             "server_cpu_us_per_msg":
-                (sum(cpu_seconds(pid) for pid in server_pids) - server_cpu) / n * 1e6,
-            "client_cpu_us_per_msg": (time.process_time() - client_cpu) / n * 1e6,
+                (sum(cpu_seconds(pid) for pid in server_pids) - server_cpu) / sent * 1e6,
+            "client_cpu_us_per_msg": (time.process_time() - client_cpu) / sent * 1e6,
             "errors": len(errors), "first_errors": errors[:3]}
 
 

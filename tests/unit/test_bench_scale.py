@@ -166,3 +166,30 @@ def test_counts() -> None:
     for bad in ("", "0,100", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_counts(bad)
+
+
+async def test_publish_each_reports_the_median_round() -> None:
+    """Rounds of one publish to each: the figures are the median round's, every round's
+    wall time beside them, and a failed publish is counted, not timed."""
+    import asyncio
+
+    from bench.scale import publish_each
+
+    delays = iter([0.05, 0.01, 0.03, 0.02, 0.04])
+    round_delay = [0.0]
+    seen = [0]
+
+    async def publish(subject: str) -> None:
+        if seen[0] % 2 == 0:  # the first of the round's two publishes sets its pace
+            round_delay[0] = next(delays)
+        seen[0] += 1
+        if subject == "bad":
+            raise RuntimeError("refused")
+        await asyncio.sleep(round_delay[0])
+
+    out = await publish_each(publish, ["good", "bad"], [], rounds=5)
+    assert out["rounds"] == 5 and len(out["round_walls_s"]) == 5
+    assert sorted(out["round_walls_s"]).index(out["wall_s"]) == 2
+    assert out["wall_s"] >= 0.03  # the third fastest of 0.01 ... 0.05 s
+    assert out["ack_p50_ms"] >= 30.0
+    assert out["errors"] == 5 and out["first_errors"][0] == "bad: RuntimeError('refused')"
