@@ -39,7 +39,7 @@ Theory of operation
   latency from its own call, and CPU per message of the servers and of this process. The
   later rounds ("warm", `warm_*`): the median one's wall time and latencies, and their CPU
   per message; shown beside it (JetStream's first message to a stream costs it far more
-  than the next ones: 3.8 s against 0.7 s for 3,000 streams, measured). The load
+  than the next ones: 7.7 s against 0.8-1.4 s for 3,000 streams in one run). The load
   generator's ceiling: the same N messages as core NATS requests to a no-op responder
   (bench.common) on that system's nats-server, all at once, the same rounds (the median
   one); the slower of the two must still be at least 2x as fast as the faster side's

@@ -240,8 +240,8 @@ class Roles:
         """Tell the process's heap keeper (jetstream.server.long_lived) how many roles
         started and stopped so far: also between the waves of one reconcile, since a
         broker starting thousands of roles in one reconcile would otherwise walk all it
-        allocated so far in every full collection until the end (measured: 0.75 s of
-        collections before a broker starting 2,000 leaders was ready)."""
+        allocated so far in every full collection until the end (measured: 0.65 s of full
+        collections before a broker starting 2,000 leaders was ready, 0.06 s after)."""
         if self.long_lived is not None:
             self.long_lived.observe(self.metrics.roles_started, self.metrics.roles_stopped)
 
