@@ -166,8 +166,8 @@ def count_figures(n: int, sides: Mapping[str, JsonObject]) -> JsonObject:
                                                      f["js_publish_each_warm_s"])
     # The load generator's ceiling: the slower of the two no-op runs (one beside each side),
     # against the faster side.
-    ceilings = [t for t in (_get(ours, "generator", "wall_s"), _get(js, "generator", "wall_s"))
-                if t is not None]
+    ceilings = [t for t in (_get(ours, "generator", "median_wall_s"),
+                            _get(js, "generator", "median_wall_s")) if t is not None]
     sides_s = [t for t in (f["publish_each_s"], f["publish_each_fsync_as_js_s"],
                            f["js_publish_each_s"]) if t is not None]
     f["generator_each_s"] = max(ceilings, default=None)
