@@ -93,8 +93,15 @@ class SessionPartition:
         return (self.stream, self.partition)
 
     def to_wire(self) -> list[Any]:
-        return [self.stream, self.partition, self.offset, self.leader_epoch, self.unfit,
-                self.verify]
+        return self.wire_of(self.stream, self.partition, self.offset, self.leader_epoch,
+                            self.unfit, self.verify)
+
+    @staticmethod
+    def wire_of(stream: str, partition: int, offset: int, leader_epoch: int, unfit: str,
+                verify: bool) -> list[Any]:
+        """The wire form, from a follower's own figures (not checked again: the leader
+        checks what it decodes)."""
+        return [stream, partition, offset, leader_epoch, unfit, verify]
 
     @classmethod
     def from_wire(cls, value: object) -> SessionPartition:
@@ -138,6 +145,15 @@ class PartitionAnswer:
                 self.log_start_offset, self.log_end_offset, self.next_offset,
                 self.leader_epoch, self.length]
 
+    @staticmethod
+    def wire_of(stream: str, partition: int, high_watermark: int, log_start_offset: int,
+                log_end_offset: int, next_offset: int, leader_epoch: int,
+                length: int) -> list[Any]:
+        """The wire form of an answer with no error, from a leader's own figures (not
+        checked again: a follower checks what it decodes)."""
+        return [stream, partition, None, high_watermark, log_start_offset, log_end_offset,
+                next_offset, leader_epoch, length]
+
     @classmethod
     def from_wire(cls, value: object) -> PartitionAnswer:
         entry = as_list("partitions[]", value)
@@ -167,9 +183,6 @@ class ReplicaFetchResponse(Response):
     def answers(self) -> list[PartitionAnswer]:
         return [PartitionAnswer.from_wire(entry) for entry in self.partitions]
 
-    @classmethod
-    def of(cls, session_id: int, answers: list[PartitionAnswer]) -> ReplicaFetchResponse:
-        return cls(session_id, [answer.to_wire() for answer in answers])
 
 
 @dataclass(frozen=True, slots=True)

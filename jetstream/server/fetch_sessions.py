@@ -33,6 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from jetstream.errors import (
     FencedLeaderEpoch,
@@ -205,15 +206,15 @@ class FetchSessions:
                 session.parked = False
                 session.last_request_ms = monotonic_ms()
         self.answers += len(answers)
-        return m.ReplicaFetchResponse.of(session.id, answers), pieces
+        return m.ReplicaFetchResponse(session.id, answers), pieces
 
     async def _collect(self, session: FetchSession, errors: dict[PartitionKey, JetstreamError],
                        request: m.ReplicaFetchRequest, hw_now: bool
-                       ) -> tuple[list[m.PartitionAnswer], list[FileSlice], bool]:
+                       ) -> tuple[list[list[Any]], list[FileSlice], bool]:
         """The dirty partitions that have something to say, their records within the
         request's byte limits; and whether news of a new HW alone was held back (unless
         `hw_now`: such partitions stay dirty)."""
-        answers: list[m.PartitionAnswer] = []
+        answers: list[list[Any]] = []
         pieces: list[FileSlice] = []
         held: list[tuple[PartitionKey, _Entry, PartitionLeader]] = []
         budget = request.max_bytes
@@ -239,7 +240,7 @@ class FetchSessions:
                 elif entry.offset < leader.log.log_end_offset:
                     continue  # no room left in this answer: the next request reads it
             if error is not None:
-                answers.append(m.PartitionAnswer(key[0], key[1], error))
+                answers.append(m.PartitionAnswer(key[0], key[1], error).to_wire())
                 self._forget(session, key)
                 continue
             assert leader is not None
@@ -269,13 +270,14 @@ class FetchSessions:
 
     @staticmethod
     def _told(session: FetchSession, key: PartitionKey, entry: _Entry,
-              leader: PartitionLeader, piece: FileSlice | None) -> m.PartitionAnswer:
-        """The answer for `key` (its records in `piece`, if any), now told to the session."""
+              leader: PartitionLeader, piece: FileSlice | None) -> list[Any]:
+        """The answer for `key` (its records in `piece`, if any; wire form), now told to the
+        session."""
         session.dirty.discard(key)
         log_ = leader.log
         entry.hw_told, entry.log_start_told = leader.high_watermark, log_.log_start_offset
-        return m.PartitionAnswer(
-            key[0], key[1], None, leader.high_watermark, log_.log_start_offset,
+        return m.PartitionAnswer.wire_of(
+            key[0], key[1], leader.high_watermark, log_.log_start_offset,
             log_.log_end_offset, entry.offset if piece is None else piece.next_offset,
             leader.state.leader_epoch, 0 if piece is None else piece.length)
 

@@ -12,10 +12,10 @@ leader or the epoch changes.
 2. Fetching: the partition joins this broker's fetch session at its leader's broker
    (jetstream.server.replica_fetcher), which fetches every partition this broker follows
    there in one request, naming a partition only when its entry (`session_entry`: offset =
-   LEO, epoch, unfit, verify) changed. What comes back (`on_answer`) is appended as it is
-   (byte-identical batches) and made durable through the stream's fsync policy before the
-   next request, because the offset it names tells the leader that everything below it is
-   held here. The follower's HW is min(leader HW, LEO), checkpointed
+   LEO, epoch, unfit, verify) changed. What comes back (`take_answer`, then `end_answer`) is
+   appended as it is (byte-identical batches) and made durable through the stream's fsync
+   policy before the next request, because the offset it names tells the leader that
+   everything below it is held here. The follower's HW is min(leader HW, LEO), checkpointed
    `checkpoint_interval_ms` after it moved (as a leader's is: never at once, so that a burst
    over many partitions writes no file in the path of its acks). When the leader's log start
    passes this copy's (its retention deleted segments), this copy applies its own retention
@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import (
@@ -69,7 +69,7 @@ from jetstream.isr.leader import Unfit
 from jetstream.protocol import messages as m
 from jetstream.protocol.replica_fetch import PartitionAnswer, SessionPartition
 from jetstream.raft_meta.model import PartitionState, StreamConfig
-from jetstream.server.batched_calls import BatchedCalls
+from jetstream.server.batched_calls import BatchedCalls, nothing
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
 from jetstream.stream import format as fmt
@@ -136,9 +136,10 @@ class PartitionFollower:
         self._task: asyncio.Task[None] | None = None
         self._last_answer_s = self._started_s = time.monotonic()
         self._last_report_s = 0.0
-        #: When the HW first moved past the checkpoint (monotonic seconds), None when it has not.
-        self._moved_s: float | None = None
         self._append_done: asyncio.Future[None] | None = None
+        #: Between `take_answer` and `end_answer`: whether the disk was full when an append
+        #: began (None: no append).
+        self._appending: bool | None = None
         #: The INTERVAL policy's fsync under way (appends under it are made on the loop).
         self._sync_done: asyncio.Future[None] | None = None
         self._hw_changed = asyncio.Event()
@@ -186,7 +187,7 @@ class PartitionFollower:
                 # leader starting its epoch at the LEO) touches the log.
                 with contextlib.suppress(Exception):
                     await running
-        self._checkpoint()
+        self.checkpoint()
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -299,11 +300,11 @@ class PartitionFollower:
         if self._repair_truncation is None or offset < self._repair_truncation:
             self._repair_truncation = offset
 
-    def session_entry(self) -> SessionPartition:
-        """This partition as the fetch session names it now: where it fetches from, and
-        what the leader must know (unfit, verify). Cuts the log first when a repair asked
-        for it. Raises FencedLeaderEpoch when the partition's epoch is below the highest
-        recorded."""
+    def session_entry(self) -> list[Any]:
+        """This partition as the fetch session names it now (SessionPartition's wire form):
+        where it fetches from, and what the leader must know (unfit, verify). Cuts the log
+        first when a repair asked for it. Raises FencedLeaderEpoch when the partition's epoch
+        is below the highest recorded."""
         self._fence(self.state)
         if self._repair_truncation is not None:
             offset, self._repair_truncation = self._repair_truncation, None
@@ -313,27 +314,71 @@ class PartitionFollower:
                 self.log.truncate_to(max(offset, self.log.log_start_offset))
                 self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
         self._say_if_full()
-        return SessionPartition(self.stream.name, self.state.partition,
-                                self.log.log_end_offset, self.state.leader_epoch,
-                                self.unfit_now(), self._verify_next)
+        return SessionPartition.wire_of(self.stream.name, self.state.partition,
+                                        self.log.log_end_offset, self.state.leader_epoch,
+                                        self.unfit_now(), self._verify_next)
 
-    async def on_answer(self, answer: PartitionAnswer, payload: bytes) -> None:
-        """What the leader's session answered for this partition: records to append from
-        this log's end, and its HW."""
+    def take_answer(self, answer: PartitionAnswer, payload: bytes
+                    ) -> asyncio.Future[None] | None:
+        """Begin with what the leader's session answered for this partition: append its
+        records from this log's end, unless the disk is above its high watermark. Returns
+        the future of an append that runs in a thread (fsync `always`), else None; either
+        way `end_answer` follows, with the append's failure (raised here or by the future).
+        The fetcher waits for a whole answer's futures at once, with no task for each."""
         self._answered()
-        await self._append_what_fits(payload)
+        full = self._disk_full()
+        self._appending = (full if payload and self._disk_standing.may_append(full)
+                           else None)
+        if self._appending is None:
+            self._disk_standing.after_fetch(full, None)
+            return None
+        if self.stream.fsync is FsyncPolicy.ALWAYS:
+            return self._append_and_sync(payload)
+        # Only a write to the page cache: on the loop, saving a thread hop per answer.
+        self._append(payload)
+        self._sync_when_due()
+        return None
+
+    def end_answer(self, answer: PartitionAnswer, failure: Exception | None) -> bool:
+        """After `take_answer`'s append: raise what fails this partition (`failure` unless
+        it is a full disk), learn the leader's HW. True when the leader's retention deleted
+        segments (its log start passed this log's): `follow_retention` follows."""
+        full, self._appending = self._appending, None
+        if full is not None:
+            self._appended(full, failure)
         hw = min(answer.high_watermark, self.log.log_end_offset)
         if hw > self.high_watermark:
             self.high_watermark = hw
             self._wake_readers()
-        if answer.log_start_offset > self.log.log_start_offset:
-            # The leader's retention deleted segments: apply this copy's own retention,
-            # never past what the leader deleted nor at or past this copy's HW.
-            bound = min(answer.log_start_offset, self.high_watermark)
-            deleted = await asyncio.get_running_loop().run_in_executor(
-                self._executor, partial(self.log.apply_retention, max_offset=bound))
-            if deleted:
-                log.info("retention deleted %d segments of %s", len(deleted), self.name)
+        return answer.log_start_offset > self.log.log_start_offset
+
+    def _appended(self, full: bool, failure: Exception | None) -> None:
+        """An append that finds no room keeps none of the batch it failed on (the log's
+        appends are all or nothing) and makes this replica unfit until one succeeds."""
+        if isinstance(failure, InvalidBatch):
+            # Damaged on the way or in the leader's files since it checked them: ask
+            # it to check what it sends (it then heals or serves around its damage).
+            self._verify_next = True
+            raise failure
+        if isinstance(failure, DiskFull) or (
+                isinstance(failure, OSError) and failure.errno in DISK_FULL_ERRNOS):
+            log.warning("%s: no room to append at %d: %s", self.name,
+                        self.log.log_end_offset, failure)
+            self._disk_standing.after_fetch(full, False)
+            return
+        if failure is not None:
+            raise failure
+        self._verify_next = False
+        self._disk_standing.after_fetch(full, True)
+
+    async def follow_retention(self, answer: PartitionAnswer) -> None:
+        """Apply this copy's own retention below the leader's log start, never past what
+        the leader deleted nor at or past this copy's HW."""
+        bound = min(answer.log_start_offset, self.high_watermark)
+        deleted = await asyncio.get_running_loop().run_in_executor(
+            self._executor, partial(self.log.apply_retention, max_offset=bound))
+        if deleted:
+            log.info("retention deleted %d segments of %s", len(deleted), self.name)
 
     @property
     def retry_wanted(self) -> bool:
@@ -350,36 +395,6 @@ class PartitionFollower:
         """Tell the leader with the next fetch whether the disk keeps this replica out of the
         ISR (damage in the log comes first: `unfit_now`)."""
         self.unfit = self._disk_standing.unfit(self._disk_full())
-
-    async def _append_what_fits(self, payload: bytes) -> None:
-        """Append what the leader sent, unless the disk is above its high watermark. An
-        append that finds no room keeps none of the batch it failed on (the log's appends
-        are all or nothing) and makes this replica unfit until one succeeds."""
-        full = self._disk_full()
-        if not payload or not self._disk_standing.may_append(full):
-            self._disk_standing.after_fetch(full, None)
-            return
-        try:
-            if self.stream.fsync is FsyncPolicy.ALWAYS:
-                await self._append_and_sync(payload)
-            else:
-                # Only a write to the page cache: on the loop, saving a thread hop per answer.
-                self._append(payload)
-                self._sync_when_due()
-        except InvalidBatch:
-            # Damaged on the way or in the leader's files since it checked them: ask
-            # it to check what it sends (it then heals or serves around its damage).
-            self._verify_next = True
-            raise
-        except (DiskFull, OSError) as exc:
-            if isinstance(exc, OSError) and exc.errno not in DISK_FULL_ERRNOS:
-                raise
-            log.warning("%s: no room to append at %d: %s", self.name,
-                        self.log.log_end_offset, exc)
-            self._disk_standing.after_fetch(full, False)
-            return
-        self._verify_next = False
-        self._disk_standing.after_fetch(full, True)
 
     # -- consumer reads ---------------------------------------------------------------------------
 
@@ -412,7 +427,7 @@ class PartitionFollower:
         changed, self._hw_changed = self._hw_changed, asyncio.Event()
         changed.set()
 
-    async def _append_and_sync(self, payload: bytes) -> None:
+    def _append_and_sync(self, payload: bytes) -> asyncio.Future[None]:
         """`_append` and its fsync, in a thread (batched with other followers' of this turn:
         every append of a job lands before its first fsync)."""
         if self._appends is not None:
@@ -421,13 +436,19 @@ class PartitionFollower:
         else:
             self._append_done = asyncio.get_running_loop().run_in_executor(
                 self._executor, self._append_durably, payload)
-        await asyncio.shield(self._append_done)
+        return self._append_done
 
     def _sync_when_due(self) -> None:
-        """Under INTERVAL: the fsync the interval calls for, in a thread, one at a time."""
+        """Under INTERVAL: the fsync the interval calls for, in a thread, one at a time
+        (with the other calls of this turn: followers whose interval passed together share
+        one syncfs)."""
         if (self._sync_done is None or self._sync_done.done()) and self.log.sync_due():
-            self._sync_done = asyncio.get_running_loop().run_in_executor(
-                self._executor, self.log.maybe_sync)
+            if self._appends is not None:
+                self._sync_done = self._appends.call(nothing, then=self.log.maybe_sync,
+                                                     durable=self.log)
+            else:
+                self._sync_done = asyncio.get_running_loop().run_in_executor(
+                    self._executor, self.log.maybe_sync)
             self._sync_done.add_done_callback(self._synced)
 
     def _synced(self, done: asyncio.Future[None]) -> None:
@@ -456,22 +477,13 @@ class PartitionFollower:
         fsync)."""
         self.log.sync_appended()
 
-    def maybe_checkpoint(self) -> bool:
-        """Checkpoint the HW once `checkpoint_interval_ms` passed since it moved past the
-        checkpoint; True while a change is left to checkpoint."""
-        if min(self.high_watermark, self.log.log_end_offset) == self._checkpointed_hw:
-            self._moved_s = None
-            return False
-        now = time.monotonic()
-        if self._moved_s is None:
-            self._moved_s = now
-        elif now - self._moved_s >= self._config.checkpoint_interval_ms / 1000:
-            self._checkpoint()
-            self._moved_s = None
-            return False
-        return True
+    @property
+    def hw_unsaved(self) -> bool:
+        """The HW moved past its checkpoint (the fetcher calls `checkpoint`
+        `checkpoint_interval_ms` after it first did)."""
+        return min(self.high_watermark, self.log.log_end_offset) != self._checkpointed_hw
 
-    def _checkpoint(self) -> None:
+    def checkpoint(self) -> None:
         hw = min(self.high_watermark, self.log.log_end_offset)
         if hw != self._checkpointed_hw:
             with contextlib.suppress(JetstreamError, OSError):

@@ -12,7 +12,7 @@ scheduled while nothing happens:
 - HW checkpoint: `checkpoint_interval_ms` after the HW moved, unless one is due already; the
   file is written only when the HW moved past what it holds.
 - Fsync under the `interval` policy: `fsync_interval_ms` after an append, unless one is due
-  already.
+  already (a batch of them may share one syncfs: jetstream.server.batched_calls.run_fsyncs).
 - Retention (a stream with retention limits): `retention_check_ms` after an append, a move
   of the HW, a stream update or a roll by the log cleaner, when the log has more than one
   segment (retention only deletes sealed ones); after a check, when the oldest sealed segment
@@ -34,6 +34,7 @@ from functools import partial
 from typing import Protocol
 
 from jetstream.isr.leader import LeaderState
+from jetstream.server.batched_calls import LogFsync
 from jetstream.server.config import BrokerConfig
 from jetstream.server.scheduler import Outcome, Scheduler, Work
 from jetstream.stream import retention
@@ -168,7 +169,7 @@ class Housekeeping:
             hw = self._leader.high_watermark
             return partial(self._write_checkpoint, hw) if hw > self._checkpointed_hw else None
         if work is Work.FSYNC:
-            return partial(log_.sync_through, log_.log_end_offset)
+            return LogFsync(log_, log_.log_end_offset)
         if work is Work.RETENTION:
             return partial(_retention_pass, log_, self._leader.high_watermark, self._wall_clock)
         if work is Work.OFFLOAD and self._tier is not None:

@@ -75,7 +75,11 @@ def refuse_all(isr: LeaderState | None, sessions: SessionWatch | None, key: Key)
     """True while an `all` publish must be refused: the ISR is below min_isr, counting a
     removal in flight or due (when the metadata has lost its majority the removal never
     commits, and the publish would wait for a replica that is gone)."""
-    return isr is not None and len(isr_for_all(isr, sessions, key)) < isr.min_isr
+    if isr is None:
+        return False
+    if len(isr_for_all(isr, None, key)) >= isr.min_isr:
+        return False  # the members the core saw caught up lately settle it, sessions unasked
+    return len(isr_for_all(isr, sessions, key)) < isr.min_isr
 
 
 def not_enough_replicas(isr: LeaderState, sessions: SessionWatch | None,

@@ -67,7 +67,7 @@ from jetstream.offsets.records import is_internal
 from jetstream.protocol import ack as ack_codec
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.server import leader_isr
-from jetstream.server.batched_calls import BatchedCalls
+from jetstream.server.batched_calls import BatchedCalls, nothing
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
 from jetstream.server.guarded import PartitionGuard
@@ -404,7 +404,7 @@ class PartitionLeader(LeaderAppends, LeaderReads):
             self._sync_wanted.clear()
             target = self.log.log_end_offset
             if self._syncs is not None:
-                await self._syncs.call(_nothing, then=partial(self.log.sync_through, target),
+                await self._syncs.call(nothing, then=partial(self.log.sync_through, target),
                                        durable=self.log)
             else:
                 await loop.run_in_executor(self._executor, self.log.sync_through, target)
@@ -539,11 +539,6 @@ class PartitionLeader(LeaderAppends, LeaderReads):
     def serving(self) -> bool:
         """Still leading: not stopping nor abdicating."""
         return not self._stopping
-
-
-
-def _nothing() -> None:
-    """The call of a sync that only has its `then` (BatchedCalls)."""
 
 
 def _log_task_failure(task: asyncio.Task[None]) -> None:

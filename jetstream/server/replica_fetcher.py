@@ -13,9 +13,10 @@ with the followers' truncation requests) and loops:
 2. Send it; the leader answers the partitions with something to say, or waits up to
    `replica_fetch_wait_ms`. A partition that joins while a request waits sends a `wake`, so
    its first records do not wait out the long poll.
-3. Hand each answer to its follower (`on_answer`: append, learn the HW), all at once, and
-   mark the answered partitions changed (their LEO moved). A partition answered with an
-   error leaves: its follower truncates again and rejoins.
+3. Hand each answer to its follower (`take_answer`: append; the appends that run in a
+   thread, under fsync `always`, are awaited all at once, with no task each; `end_answer`:
+   learn the HW), and mark the answered partitions changed (their LEO moved). A partition
+   answered with an error leaves: its follower truncates again and rejoins.
 A refused session (lost, wrong epoch) is opened again at once, naming every partition; a
 failed connection fails every partition of the session (each backs off, reports a silent
 leader, truncates again). The data disk's state is read once per request: when it turns
@@ -33,6 +34,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from jetstream.client.connection import BrokerConnection
 from jetstream.errors import (
@@ -77,13 +79,14 @@ class ReplicaFetcher:
         self._disk = disk
         self._members: dict[PartitionKey, _Member] = {}
         #: What the leader's session holds of each partition, as last named.
-        self._sent: dict[PartitionKey, m.SessionPartition] = {}
+        self._sent: dict[PartitionKey, list[Any]] = {}
         self._changed: set[PartitionKey] = set()
         self._forgotten: set[PartitionKey] = set()
         #: Named again after each disk check even if unchanged (an append found no room).
         self._retry: set[PartitionKey] = set()
-        #: Followers whose HW moved and is not checkpointed yet.
-        self._hw_unsaved: set[PartitionKey] = set()
+        #: Followers whose HW moved past its checkpoint, with when it first did (monotonic
+        #: seconds), oldest first: each exchange checkpoints the due ones only.
+        self._hw_unsaved: dict[PartitionKey, float] = {}
         self._session_id = 0
         self._epoch = 0
         self._disk_full = False
@@ -149,7 +152,7 @@ class ReplicaFetcher:
                 del self._members[key]
                 self._changed.discard(key)
                 self._retry.discard(key)
-                self._hw_unsaved.discard(key)
+                self._hw_unsaved.pop(key, None)
                 if self._sent.pop(key, None) is not None:
                     self._forgotten.add(key)
 
@@ -226,7 +229,7 @@ class ReplicaFetcher:
                 self._fail(key, exc)
                 continue
             if entry != self._sent.get(key) or key in forced:
-                entries.append(entry.to_wire())
+                entries.append(entry)
                 self._sent[key] = entry
         more = bool(self._changed or self._forgotten)
         opening = self._session_id == 0
@@ -253,7 +256,8 @@ class ReplicaFetcher:
         self.last_answer_s = time.monotonic()
         if request.session_id == 0:
             self._session_id = response.session_id
-        handed: list[tuple[PartitionFollower, m.PartitionAnswer, bytes]] = []
+        appending: list[tuple[PartitionFollower, m.PartitionAnswer, asyncio.Future[None]]] = []
+        retention: list[tuple[PartitionFollower, m.PartitionAnswer]] = []
         for answer, records in m.decode_answers(response, payload):
             member = self._members.get(answer.key)
             if member is None:
@@ -262,29 +266,68 @@ class ReplicaFetcher:
                 self._sent.pop(answer.key, None)  # the leader dropped it from the session
                 self._fail(answer.key, answer.error)
                 continue
-            handed.append((member.follower, answer, records))
-        results = await asyncio.gather(
-            *(follower.on_answer(answer, records) for follower, answer, records in handed),
-            return_exceptions=True)
-        for (follower, answer, _records), result in zip(handed, results, strict=True):
-            key = answer.key
-            if isinstance(result, asyncio.CancelledError):
-                raise result
-            if isinstance(result, BaseException):
-                if not isinstance(result, JetstreamError | OSError):
-                    log.error("%s: appending what the leader sent failed", follower.name,
-                              exc_info=result)
-                self._fail(key, result if isinstance(result, Exception)
-                           else JetstreamError(str(result)))
+            follower = member.follower
+            try:
+                running = follower.take_answer(answer, records)
+            except Exception as exc:  # the append failed on the loop
+                self._end(follower, answer, exc, retention)
                 continue
-            self._changed.add(key)
-            if follower.retry_wanted:
-                self._retry.add(key)
-            self._hw_unsaved.add(key)
-        for key in list(self._hw_unsaved):
+            if running is None:
+                self._end(follower, answer, None, retention)
+            else:
+                appending.append((follower, answer, running))
+        if appending:
+            # Not cancelled with this task: an append in its thread lands either way.
+            await asyncio.wait([running for _f, _a, running in appending])
+            for follower, answer, running in appending:
+                self._end(follower, answer, _failure(running), retention)
+        if retention:
+            results = await asyncio.gather(
+                *(follower.follow_retention(answer) for follower, answer in retention),
+                return_exceptions=True)
+            for (follower, answer), result in zip(retention, results, strict=True):
+                if isinstance(result, BaseException):
+                    self._failed(follower, answer.key, result)
+        self._checkpoint_due()
+
+    def _end(self, follower: PartitionFollower, answer: m.PartitionAnswer,
+             failure: Exception | None,
+             retention: list[tuple[PartitionFollower, m.PartitionAnswer]]) -> None:
+        """The follower's answer is appended (or `failure`): it learns the HW, and its
+        partition is named again in the next request (its LEO moved)."""
+        key = answer.key
+        try:
+            if follower.end_answer(answer, failure):
+                retention.append((follower, answer))
+        except Exception as exc:
+            self._failed(follower, key, exc)
+            return
+        self._changed.add(key)
+        if follower.retry_wanted:
+            self._retry.add(key)
+        if key not in self._hw_unsaved and follower.hw_unsaved:
+            self._hw_unsaved[key] = self.last_answer_s
+
+    def _checkpoint_due(self) -> None:
+        """Checkpoint the HW of the followers whose HW moved `checkpoint_interval_ms` ago or
+        more (as a leader's is: never at once, so that a burst over many partitions writes
+        no file in the path of its acks)."""
+        due = time.monotonic() - self._config.checkpoint_interval_ms / 1000
+        while self._hw_unsaved:
+            key, since = next(iter(self._hw_unsaved.items()))
+            if since > due:
+                return
+            del self._hw_unsaved[key]
             member = self._members.get(key)
-            if member is None or not member.follower.maybe_checkpoint():
-                self._hw_unsaved.discard(key)
+            if member is not None:
+                member.follower.checkpoint()
+
+    def _failed(self, follower: PartitionFollower, key: PartitionKey,
+                exc: BaseException) -> None:
+        if not isinstance(exc, JetstreamError | OSError):
+            log.error("%s: appending what the leader sent failed", follower.name,
+                      exc_info=exc)
+        self._fail(key, exc if isinstance(exc, Exception) else JetstreamError(str(exc)))
 
     # -- failures -------------------------------------------------------------------------------
 
@@ -358,3 +401,11 @@ class ReplicaFetchers:
         for fetcher in self._fetchers.values():
             await fetcher.close()
         self._fetchers.clear()
+
+
+def _failure(done: asyncio.Future[None]) -> Exception | None:
+    """How a finished append failed (a cancelled one: it may not have landed)."""
+    if done.cancelled():
+        return JetstreamError("the append was cancelled")
+    exc = done.exception()
+    return exc if exc is None or isinstance(exc, Exception) else JetstreamError(str(exc))

@@ -42,6 +42,7 @@ import shutil
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from jetstream.raft_meta.changes import EVERYTHING, Dirty, Touched
 from jetstream.raft_meta.local import LocalMetadata
 from jetstream.raft_meta.model import PartitionState, StreamConfig
 from jetstream.raft_meta.raft import RaftMetadata
-from jetstream.server.batched_calls import BatchedCalls
+from jetstream.server.batched_calls import BatchedCalls, run_fsyncs
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
 from jetstream.server.disk import DiskMonitor
@@ -66,7 +67,7 @@ from jetstream.server.metrics import PartitionMetrics
 from jetstream.server.nats_port import NatsPort
 from jetstream.server.partition import PartitionLeader
 from jetstream.server.replica_fetcher import ReplicaFetchers
-from jetstream.server.scheduler import Scheduler
+from jetstream.server.scheduler import Scheduler, Work
 from jetstream.stream.checkpoint import read_small, write_atomic
 from jetstream.stream.dir_lock import LOGS_LOCK_FILE, DirLock
 from jetstream.stream.fs_sync import FileSystemSync
@@ -168,6 +169,10 @@ class Roles:
                         else None)
         self._appends = BatchedCalls(executor, jobs_max=IO_THREADS, fs=self.fs_sync,
                                      group_min=config.fsync_group_min)
+        if self.fs_sync is not None:
+            # Leaders' `interval` fsyncs due together: one syncfs for the batch.
+            scheduler.run_with(Work.FSYNC, partial(run_fsyncs, self.fs_sync,
+                                                   config.fsync_group_min))
         self.leaders: dict[PartitionKey, PartitionLeader] = {}
         self.followers: dict[PartitionKey, PartitionFollower] = {}
         self._logs: dict[PartitionKey, Log] = {}

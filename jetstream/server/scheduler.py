@@ -9,7 +9,8 @@ that ends. With nothing due it sleeps without a timeout: an idle broker costs no
 
 Due work of one kind runs as one batch, in a task of its own: each job's `prepare` runs on
 the loop and returns the blocking part of its work (or None); the blocking parts of the
-batch run one after the other in one executor call; then each job's `finish` runs on the
+batch run one after the other in one executor call (or as the kind's runner, `run_with`,
+runs them: one syncfs for a batch of fsyncs); then each job's `finish` runs on the
 loop, with what its blocking part returned or raised, and may schedule the job again. At most
 one batch of a kind runs at a time: work of that kind due meanwhile waits for it (so one job's
 work of one kind never runs twice at once, and a slow disk holds back only the kinds that
@@ -50,6 +51,8 @@ class Work(enum.StrEnum):
 
 #: What a job's blocking part returns, or the exception it raised.
 Outcome = object
+#: Runs a batch's blocking parts in an executor thread: each one's outcome, in order.
+Runner = Callable[[list[Callable[[], Outcome]]], list[Outcome]]
 
 
 class Job(Protocol):
@@ -83,6 +86,7 @@ class Scheduler:
         self.metrics = SchedulerMetrics(runs=dict.fromkeys(Work, 0),
                                         failures=dict.fromkeys(Work, 0))
         self._running: dict[Work, asyncio.Task[None]] = {}
+        self._runners: dict[Work, Runner] = {}
         self._wake = asyncio.Event()
         #: While the task sleeps: the due time it sleeps until (None: until woken).
         self._sleeping = False
@@ -99,6 +103,11 @@ class Scheduler:
         if self._schedule.add(job, work, due_ms) and self._sleeping and (
                 self._sleep_until is None or due_ms < self._sleep_until):
             self._wake.set()
+
+    def run_with(self, work: Work, runner: Runner) -> None:
+        """Run the blocking parts of each batch of `work` with `runner` (instead of one after
+        the other)."""
+        self._runners[work] = runner
 
     def due_at(self, job: Job, work: Work) -> int | None:
         """When `work` of `job` is due (None: not scheduled, or running now)."""
@@ -171,7 +180,7 @@ class Scheduler:
             if blocking:
                 self.metrics.executor_calls += 1
                 outcomes = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, _run_all, blocking)
+                    self._executor, self._runners.get(work, _run_all), blocking)
             returned = iter(outcomes)
             now_ms = self._clock()
             for job, part in prepared:

@@ -293,7 +293,7 @@ class Connection:
         when one came out short (its file shrank)."""
         copied: list[bytes] = [head]
         for piece in pieces:
-            if piece.length <= COPY_PIECE_BYTES_MAX:
+            if piece.length <= COPY_PIECE_BYTES_MAX or piece.data is not None:
                 data = piece.read()  # from the page cache: what was just appended or read
                 if len(data) != piece.length:
                     return False
@@ -372,6 +372,12 @@ async def _send_tls(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWrite
         return True
     writer.write(head)
     for piece in pieces:
+        if piece.data is not None:
+            if len(piece.data) != piece.length:
+                return False
+            writer.write(piece.data)
+            await writer.drain()
+            continue
         position, end = piece.position, piece.position + piece.length
         while position < end:
             data = await loop.run_in_executor(None, os.pread, piece.fd,

@@ -58,6 +58,32 @@ class _Entry:
             self.resource.close()
 
 
+class _Pinned:
+    """`HandlePool.pinned`'s block."""
+
+    __slots__ = ("_create", "_entry", "_key", "_pool")
+
+    def __init__(self, pool: HandlePool, key: str, create: bool) -> None:
+        self._pool = pool
+        self._key = key
+        self._create = create
+        self._entry: _Entry | None = None
+
+    def _open(self) -> int:
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if self._create else 0)
+        return os.open(self._key, flags, 0o644)
+
+    def __enter__(self) -> int:
+        entry = self._entry = self._pool._pin(self._key, self._open, 1)
+        assert isinstance(entry.resource, int), self._key
+        return entry.resource
+
+    def __exit__(self, *exc: object) -> None:
+        entry, self._entry = self._entry, None
+        if entry is not None:
+            self._pool._unpin(entry)
+
+
 class HandlePool:
     def __init__(self, max_open: int = DEFAULT_MAX_OPEN) -> None:
         if max_open < MAX_OPEN_MIN:
@@ -85,21 +111,10 @@ class HandlePool:
         with self._lock:
             return len(self._hot)
 
-    @contextmanager
-    def pinned(self, path: Path | str, *, create: bool = False) -> Iterator[int]:
-        """An open read-write descriptor of `path`, valid inside the block."""
-
-        def open_file() -> int:
-            flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-            return os.open(key, flags, 0o644)
-
-        key = str(path)
-        entry = self._pin(key, open_file, 1)
-        assert isinstance(entry.resource, int), key
-        try:
-            yield entry.resource
-        finally:
-            self._unpin(entry)
+    def pinned(self, path: Path | str, *, create: bool = False) -> _Pinned:
+        """An open read-write descriptor of `path`, valid inside the block (`with`; every
+        append and read takes one: a plain object, not a generator)."""
+        return _Pinned(self, str(path), create)
 
     @contextmanager
     def lease(self, key: str, open_: Callable[[], R], cost: int) -> Iterator[R]:

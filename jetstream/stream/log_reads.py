@@ -8,9 +8,11 @@ uses the log's lock, segments and handle pool, and checks unverified bytes throu
 
 from __future__ import annotations
 
+import os
+
 from jetstream.errors import CorruptRecord, OffsetOutOfRange
 from jetstream.stream import format as fmt
-from jetstream.stream.file_slice import FileSlice
+from jetstream.stream.file_slice import INLINE_BYTES_MAX, FileSlice
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log_integrity import LogIntegrity
 
@@ -33,8 +35,9 @@ class LogReads(LogIntegrity):
         `skip_empty` (consumers; never a replica, which must copy every batch to stay
         contiguous) passes over batches compaction emptied to the next records.
 
-        Bytes not checked since they were written or opened (or every byte, with `verify`)
-        are checked first (jetstream.stream.verified); damage raises CorruptRecord with the
+        A small checked slice comes already read (jetstream.stream.file_slice). Bytes not
+        checked since they were written or opened (or every byte, with `verify`) are
+        checked first (jetstream.stream.verified); damage raises CorruptRecord with the
         damaged offsets and is recorded (`damage`)."""
         with self._lock:
             self._check_open()
@@ -53,9 +56,14 @@ class LogReads(LogIntegrity):
                 segment, span = after, following
             if span.length == 0:
                 return FileSlice(-1, 0, 0, offset, offset)
-            fd = self._pool.dup(segment.log_path)
             checked = not verify and segment.verified.covers(span.position,
                                                              span.position + span.length)
+            if checked and span.length <= INLINE_BYTES_MAX:
+                with self._pool.pinned(segment.log_path) as fd:
+                    data = os.pread(fd, span.length, span.position)
+                return FileSlice(-1, span.position, span.length, span.first_offset,
+                                 span.next_offset, data)
+            fd = self._pool.dup(segment.log_path)
         piece = FileSlice(fd, span.position, span.length, span.first_offset, span.next_offset)
         if not checked:
             self._check_piece(segment, piece)

@@ -99,9 +99,10 @@ class LogSync(LogIntegrity):
 
     def sync_ticket(self) -> SyncTicket | None:
         """What a filesystem-wide sync started after this call makes durable (for
-        `claim_synced`, jetstream.stream.fs_sync); None unless the policy is ALWAYS and some
-        appended offset is not durable yet."""
-        if self.config.fsync is not FsyncPolicy.ALWAYS:
+        `claim_synced`, jetstream.stream.fs_sync); None unless some appended offset is not
+        durable yet and the policy calls for an fsync now: ALWAYS, or INTERVAL with its
+        interval passed (`sync_due`)."""
+        if self.config.fsync is not FsyncPolicy.ALWAYS and not self.sync_due():
             return None
         with self._lock:
             self._check_open()

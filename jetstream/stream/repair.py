@@ -45,6 +45,8 @@ class DamageLedger:
     def current(self, segments: Iterable[Segment]) -> list[Damage]:
         """The damage still in `segments` (the log's now), oldest offsets first; forgets the
         rest (its segment left the log, was replaced, or was cut before it)."""
+        if not self._found:
+            return []
         alive = {id(s): s for s in segments}
         for key, (damage, segment) in list(self._found.items()):
             if alive.get(id(segment)) is not segment or segment.size < damage.end_position:

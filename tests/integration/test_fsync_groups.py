@@ -1,6 +1,7 @@
 """A publish to each of many streams under `fsync=always`: the followers' appends and the
 leaders' fsyncs of one turn are made durable by one syncfs (jetstream.stream.fs_sync), every
-acked record is there after every broker is SIGKILLed and started again, and
+acked record is there after every broker is SIGKILLed and started again; under
+`fsync=interval` the fsyncs that come due together share syncfs calls too; and
 `fsync_group_min 0` fsyncs each log as before."""
 
 from __future__ import annotations
@@ -63,6 +64,29 @@ async def test_a_publish_to_each_stream_is_made_durable_by_shared_syncs(
         assert read == [[b"a", b"b", b"c"]] * STREAMS
 
 
+async def test_interval_fsyncs_due_together_share_syncs(tmp_path: Path,
+                                                        nats_url: str) -> None:
+    """Under `fsync=interval`, the fsyncs a burst over many partitions makes due at once
+    (the leaders' scheduled ones, the followers' after their appends) are grouped into
+    syncfs calls, as `always` appends are."""
+    with running_cluster(tmp_path, nats_url, TUNING) as brokers:
+        async with jetstream.connect(",".join(b.address for b in brokers)) as js:
+            await create(js, 0, STREAMS)
+            await all_in_sync(js, STREAMS, brokers)
+            for i in range(STREAMS):
+                await js.update_stream(f"idle-{i}", fsync="interval", fsync_interval_ms=200)
+        before = await total(brokers, SYNCFS)
+        for value in (b"a", b"b"):
+            await publish_each(brokers, value)
+
+        async def synced() -> float | None:
+            now = await total(brokers, SYNCFS)
+            return now if now > before else None
+
+        await eventually(synced, "a syncfs for the interval fsyncs", 10.0)
+        assert await read_each(brokers) == [[b"a", b"b"]] * STREAMS
+
+
 async def test_fsync_group_min_zero_fsyncs_each_log(tmp_path: Path, nats_url: str) -> None:
     with running_cluster(tmp_path, nats_url, (*TUNING, "--fsync-group-min", "0")) as brokers:
         async with jetstream.connect(",".join(b.address for b in brokers)) as js:
@@ -84,8 +108,9 @@ async def test_an_fsync_change_applies_in_place_and_keeps_every_isr(
             await create(js, 0, STREAMS)
             await all_in_sync(js, STREAMS, brokers)
             leaders = await total(brokers, started)
-            for i in range(STREAMS):
-                await js.update_stream(f"idle-{i}", fsync="interval")
+            for i in range(STREAMS):  # no interval passes during the test
+                await js.update_stream(f"idle-{i}", fsync="interval",
+                                       fsync_interval_ms=60_000)
             groups = await total(brokers, GROUPS)
             await publish_each(brokers, b"a")
             assert await total(brokers, GROUPS) == groups  # nothing waited for an fsync

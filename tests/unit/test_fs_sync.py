@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from jetstream.server.batched_calls import BatchedCalls
+from jetstream.server.batched_calls import BatchedCalls, LogFsync, run_fsyncs
 from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.fs_sync import FileSystemSync, kernel_release
@@ -102,12 +103,50 @@ def test_a_truncation_between_ticket_and_claim_voids_the_claim(
     log.close()
 
 
-def test_only_policy_always_takes_tickets(tmp_path: Path, clock: Clock) -> None:
-    for policy in (FsyncPolicy.INTERVAL, FsyncPolicy.NEVER):
-        log = make(tmp_path / policy.value, clock, fsync=policy)
+def test_never_takes_tickets_and_interval_only_once_its_interval_passed(
+        tmp_path: Path, clock: Clock) -> None:
+    never = make(tmp_path / "never", clock, fsync=FsyncPolicy.NEVER)
+    interval = make(tmp_path / "interval", clock, fsync=FsyncPolicy.INTERVAL,
+                    fsync_interval_ms=1_000)
+    for log in (never, interval):
         add(log, 2)
         assert log.sync_ticket() is None
+    clock.now += 1_000
+    assert never.sync_ticket() is None
+    ticket = interval.sync_ticket()
+    assert ticket is not None and ticket.target == 2
+    interval.claim_synced(ticket)
+    assert interval.durable_offset == 2 and not interval.sync_due()
+    for log in (never, interval):
         log.close()
+
+
+def test_a_batch_of_due_interval_fsyncs_takes_one_syncfs(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = [make(tmp_path / f"p{i}", clock, fsync=FsyncPolicy.INTERVAL,
+                 fsync_interval_ms=1_000) for i in range(5)]
+    for log in logs:
+        add(log, 3)
+    clock.now += 1_000
+    fs = CountingSync(tmp_path)
+    spy = FsyncSpy(monkeypatch)
+    ran: list[str] = []
+    parts: list[Callable[[], object]] = [LogFsync(log, log.log_end_offset) for log in logs]
+    outcomes = run_fsyncs(fs, 4, [*parts, lambda: ran.append("other") or "done"])
+    assert outcomes == [None] * 5 + ["done"] and ran == ["other"]
+    assert (fs.syncs, spy.of_logs()) == (1, [])
+    assert all(log.durable_offset == 3 for log in logs)
+    # Fewer than group_min with something to make durable: an fsync each.
+    for log in logs[:2]:
+        add(log, 1)
+    clock.now += 1_000
+    assert run_fsyncs(fs, 4, [LogFsync(log, log.log_end_offset) for log in logs]) == \
+        [None] * 5
+    assert (fs.syncs, len(spy.of_logs())) == (1, 2)
+    assert [log.durable_offset for log in logs] == [4, 4, 3, 3, 3]
+    for log in logs:
+        log.close()
+    fs.close()
 
 
 def _durable_turn(logs: list[Log], calls: BatchedCalls) -> list[object]:

@@ -15,6 +15,7 @@ from jetstream.errors import (
     OffsetOutOfRange,
 )
 from jetstream.stream import format as fmt
+from jetstream.stream.file_slice import INLINE_BYTES_MAX
 from jetstream.stream.log import Log
 from tests.unit.log_helpers import (
     T0,
@@ -142,11 +143,12 @@ def test_reads_stop_at_the_end_of_a_segment(tmp_path: Path, clock: Clock) -> Non
 
 
 def test_read_slice_works_with_sendfile(tmp_path: Path, clock: Clock) -> None:
-    with make(tmp_path, clock, segment_bytes_max=8192, retention_messages=1) as log:
-        append_n(log, 100, per_batch=2)
+    with make(tmp_path, clock, segment_bytes_max=64 * 1024, retention_messages=1) as log:
+        append_n(log, 800, per_batch=2)
         assert len(log.segment_base_offsets) > 2
-        piece = log.read(5, 3000)
-        assert piece.position > 0 and piece.length > 0
+        piece = log.read(5, 3 * INLINE_BYTES_MAX)
+        assert piece.position > 0 and piece.length > INLINE_BYTES_MAX
+        assert piece.data is None and piece.fd >= 0
         # The segment goes away (retention); the slice owns a descriptor and stays readable.
         assert log.apply_retention() and log.log_start_offset > piece.next_offset
         a, b = socket.socketpair()
@@ -165,6 +167,22 @@ def test_read_slice_works_with_sendfile(tmp_path: Path, clock: Clock) -> None:
         records = fmt.decode_batches(received, min_offset=5)
         assert records[0].offset == 5
         assert_dense(records, 5, piece.next_offset)
+
+
+def test_a_small_slice_comes_already_read_and_outlives_its_segment(tmp_path: Path,
+                                                                   clock: Clock) -> None:
+    with make(tmp_path, clock, segment_bytes_max=8192, retention_messages=1) as log:
+        append_n(log, 100, per_batch=2)
+        piece = log.read(5, 3000)
+        assert piece.data is not None and piece.fd == -1
+        assert 0 < piece.length == len(piece.data) <= INLINE_BYTES_MAX
+        assert log.apply_retention() and log.log_start_offset > piece.next_offset
+        records = fmt.decode_batches(piece.read(), min_offset=5)
+        assert records[0].offset == 5
+        assert_dense(records, 5, piece.next_offset)
+        # Bytes not checked yet (or a read that asks for a check) come as a descriptor.
+        with log.read(log.log_start_offset, 3000, verify=True) as checked:
+            assert checked.data is None and checked.fd >= 0
 
 
 def test_read_records_returns_all_fields(tmp_path: Path, clock: Clock) -> None:

@@ -88,6 +88,28 @@ async def test_due_work_of_one_kind_runs_in_one_executor_call(
     assert scheduler.entries()[Work.CHECKPOINT] == 0
 
 
+async def test_a_kind_with_a_runner_hands_it_the_whole_batch(
+        executor: CountingExecutor) -> None:
+    scheduler = Scheduler(executor, clock=Clock())
+    batches: list[int] = []
+
+    def runner(parts: list[Callable[[], Outcome]]) -> list[Outcome]:
+        batches.append(len(parts))
+        return [f"ran {part()}" for part in parts]
+
+    scheduler.run_with(Work.FSYNC, runner)
+    fsyncs = [Job(f"f{i}", i) for i in range(5)]
+    checkpoints = [Job(f"c{i}", i) for i in range(3)]
+    for job in fsyncs:
+        scheduler.at(job, Work.FSYNC, 1_000)
+    for job in checkpoints:
+        scheduler.at(job, Work.CHECKPOINT, 1_000)
+    await asyncio.gather(*scheduler.run_due(1_000))
+    assert batches == [5]  # the other kind ran its parts itself
+    assert [job.finished for job in fsyncs] == [[(Work.FSYNC, f"ran {i}")] for i in range(5)]
+    assert [job.finished for job in checkpoints] == [[(Work.CHECKPOINT, i)] for i in range(3)]
+
+
 async def test_work_without_a_blocking_part_needs_no_executor(
         executor: CountingExecutor) -> None:
     scheduler = Scheduler(executor, clock=Clock())
