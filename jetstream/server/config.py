@@ -111,11 +111,12 @@ class BrokerConfig:
     #: least recently used are closed, active segments last. 0: half the open-file limit,
     #: which the broker raises to its hard limit at start (jetstream.server.files).
     open_files_max: int = 0
-    #: Under `fsync=always`, a turn of the event loop that has at least this many logs to
-    #: make durable (a fetch answer for many followers, publishes to many streams) makes
-    #: them durable with one syncfs(2) of the data directory's filesystem instead of an
-    #: fsync each (jetstream.stream.fs_sync; Linux 5.8 or later, else an fsync each). 0: an
-    #: fsync each always (a data directory on a filesystem other programs keep busy).
+    #: A turn of the event loop that has at least this many logs to make durable (a fetch
+    #: answer for many followers, publishes to many streams, under `fsync=always`; or
+    #: `interval` fsyncs that came due together) makes them durable with one syncfs(2) of
+    #: the data directory's filesystem instead of an fsync each (jetstream.stream.fs_sync;
+    #: Linux 5.8 or later, else an fsync each). 0: an fsync each always (a data directory
+    #: on a filesystem other programs keep busy).
     fsync_group_min: int = 4
     #: Every broker's metadata Raft address, "id@host:raftport,..." (this one's included).
     #: Empty: a single broker with local metadata.
