@@ -140,10 +140,12 @@ class PartitionAnswer:
         return (self.stream, self.partition)
 
     def to_wire(self) -> list[Any]:
-        error = None if self.error is None else error_header(self.error)
-        return [self.stream, self.partition, error, self.high_watermark,
-                self.log_start_offset, self.log_end_offset, self.next_offset,
-                self.leader_epoch, self.length]
+        wire = self.wire_of(self.stream, self.partition, self.high_watermark,
+                            self.log_start_offset, self.log_end_offset, self.next_offset,
+                            self.leader_epoch, self.length)
+        if self.error is not None:
+            wire[2] = error_header(self.error)
+        return wire
 
     @staticmethod
     def wire_of(stream: str, partition: int, high_watermark: int, log_start_offset: int,
@@ -182,7 +184,6 @@ class ReplicaFetchResponse(Response):
 
     def answers(self) -> list[PartitionAnswer]:
         return [PartitionAnswer.from_wire(entry) for entry in self.partitions]
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-from jetstream.stream.config import FsyncPolicy
 from jetstream.stream.fs_sync import FileSystemSync
 from jetstream.stream.log import Log
 from jetstream.stream.log_sync import SyncTicket
@@ -106,8 +105,7 @@ def _fsyncing(queued: list[_Call]) -> int:
     group's syncfs may stand in for those (others keep their `then`, run side by side in
     jobs)."""
     return sum(1 for _fn, _then, log, _future in queued
-               if log is not None and (log.config.fsync is FsyncPolicy.ALWAYS
-                                       or log.sync_due()))
+               if log is not None and log.sync_called_for())
 
 
 def nothing() -> None:

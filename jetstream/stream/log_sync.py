@@ -46,6 +46,10 @@ class LogSync(LogIntegrity):
         return self.config.fsync is FsyncPolicy.INTERVAL and (
             self._clock() - self._last_sync_ms >= self.config.fsync_interval_ms)
 
+    def sync_called_for(self) -> bool:
+        """The policy calls for an fsync now: ALWAYS, or INTERVAL with its interval passed."""
+        return self.config.fsync is FsyncPolicy.ALWAYS or self.sync_due()
+
     def sync_appended(self) -> None:
         """Make what was appended with `sync=False` durable as an append with `sync=True`
         would have (a caller that writes many logs first and fsyncs them after)."""
@@ -100,9 +104,8 @@ class LogSync(LogIntegrity):
     def sync_ticket(self) -> SyncTicket | None:
         """What a filesystem-wide sync started after this call makes durable (for
         `claim_synced`, jetstream.stream.fs_sync); None unless some appended offset is not
-        durable yet and the policy calls for an fsync now: ALWAYS, or INTERVAL with its
-        interval passed (`sync_due`)."""
-        if self.config.fsync is not FsyncPolicy.ALWAYS and not self.sync_due():
+        durable yet and the policy calls for an fsync now (`sync_called_for`)."""
+        if not self.sync_called_for():
             return None
         with self._lock:
             self._check_open()
