@@ -17,7 +17,7 @@ import pytest
 import jetstream
 from jetstream.client import Client, PublishMessage
 from jetstream.errors import RangeLost
-from jetstream.natsd import free_ports
+from jetstream.natsd import restartable_ports
 from jetstream.server.process import BrokerProcess
 from jetstream.stream import format as fmt
 from tests.integration.test_cli import jetstream as cli
@@ -28,7 +28,7 @@ STREAM, SUBJECT, COUNT = "ledger", "ledger.in", 3000
 
 
 def start_cluster(tmp_path: Path, nats_url: str, *extra: str) -> list[BrokerProcess]:
-    raft_ports = free_ports(3)
+    raft_ports = restartable_ports(3)
     spec = ",".join(f"{i}@127.0.0.1:{port}" for i, port in enumerate(raft_ports))
     brokers = [BrokerProcess(tmp_path / f"broker{i}", nats_url, broker_id=i,
                              extra_args=("--cluster", spec, *TUNING, *extra))

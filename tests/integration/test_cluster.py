@@ -24,7 +24,7 @@ from jetstream.client.connection import BrokerConnection
 from jetstream.errors import FencedLeaderEpoch, JetstreamError, NotEnoughReplicas, NotLeader
 from jetstream.isr import epoch_journal, highest_epochs
 from jetstream.isr.highest_epochs import HighestEpochs
-from jetstream.natsd import free_ports
+from jetstream.natsd import restartable_ports
 from jetstream.protocol import messages as m
 from jetstream.server.epoch_fence import load_epochs
 from jetstream.server.process import BrokerProcess
@@ -49,7 +49,7 @@ def running_cluster(tmp_path: Path, nats_url: str, tuning: tuple[str, ...] = TUN
                     ) -> Iterator[list[BrokerProcess]]:
     """3 brokers in `tmp_path`/broker<i>, ready; killed afterwards. `per_broker[i]` are
     broker i's own flags (its certificate, say)."""
-    raft_ports = free_ports(3)
+    raft_ports = restartable_ports(3)
     spec = ",".join(f"{i}@127.0.0.1:{port}" for i, port in enumerate(raft_ports))
     brokers = [BrokerProcess(tmp_path / f"broker{i}", nats_url, broker_id=i,
                              extra_args=("--cluster", spec, *tuning, *own))

@@ -13,7 +13,7 @@ import pytest
 
 import jetstream
 from jetstream.client import BrokerConnection, PublishMessage
-from jetstream.natsd import free_ports
+from jetstream.natsd import restartable_ports
 from jetstream.protocol import messages as m
 from jetstream.server.process import BrokerProcess
 from tests.integration.test_cluster import TUNING, eventually
@@ -24,7 +24,7 @@ STREAM, SUBJECT, KEYS = "table", "table.in", 20
 
 @pytest.fixture
 def cleaning_cluster(tmp_path: Path, nats_url: str) -> Iterator[list[BrokerProcess]]:
-    raft_ports = free_ports(3)
+    raft_ports = restartable_ports(3)
     spec = ",".join(f"{i}@127.0.0.1:{port}" for i, port in enumerate(raft_ports))
     brokers = [BrokerProcess(tmp_path / f"broker{i}", nats_url, broker_id=i,
                              extra_args=("--cluster", spec, *TUNING,
