@@ -418,7 +418,9 @@ class Log(LogSync, LogReads):
             limit = self.log_end_offset if max_offset is None else max_offset
             count = retention.expired_count(list(self._segments), self.config, now,
                                             self.log_end_offset, limit)
-            return self._delete_oldest(count)
+            deleted, doomed = self._delete_oldest(count)
+        _unlink(doomed)
+        return deleted
 
     def delete_segments_below(self, offset: int) -> list[int]:
         """Delete the oldest sealed segments that end at or before `offset` (their offsets
@@ -430,17 +432,26 @@ class Log(LogSync, LogReads):
             while (count < len(self._segments) - 1
                    and self._segments[count].next_offset <= offset):
                 count += 1
-            return self._delete_oldest(count)
+            deleted, doomed = self._delete_oldest(count)
+        _unlink(doomed)
+        return deleted
 
-    def _delete_oldest(self, count: int) -> list[int]:
+    def _delete_oldest(self, count: int) -> tuple[list[int], list[Path]]:
+        """Take the `count` oldest segments out of the log (under the lock): their base
+        offsets, and their files renamed for the caller to unlink once it lets go of the
+        lock. Nothing here waits on the disk: a crash before the unlinks leaves files that
+        recovery deletes, or (the renames lost too) segments below the log start that
+        retention deletes again; the leader epoch cache is not fsynced either, as recovery
+        drops the entries before the log start itself (jetstream.stream.recovery)."""
         deleted: list[int] = []
+        doomed: list[Path] = []
         for _ in range(count):
             oldest = self._segments.pop_oldest()
-            oldest.delete()
+            doomed += oldest.mark_deleted()
             deleted.append(oldest.base_offset)
         if deleted:
-            self.epochs.truncate_from_start(self.log_start_offset)
-        return deleted
+            self.epochs.truncate_from_start(self.log_start_offset, durable=False)
+        return deleted, doomed
 
     def reconfigure(self, config: LogConfig) -> None:
         """Apply new settings (a stream update): retention, segment sizes and ages, fsync
@@ -566,3 +577,8 @@ def close_all(logs: Iterable[Log]) -> None:
     for directory, end in ends:
         raise_recovery_point(directory, end, durable=False)
     os.sync()
+
+
+def _unlink(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)

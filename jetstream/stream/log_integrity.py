@@ -41,11 +41,13 @@ class LogIntegrity:
     def log_end_offset(self) -> int:
         raise NotImplementedError
 
-    def _check_piece(self, segment: Segment, piece: FileSlice) -> None:
-        """Check the batches of `piece` (outside the lock: appends go on); raise
-        CorruptRecord, closing it, when they fail."""
+    def _check_piece(self, segment: Segment, piece: FileSlice, data: bytes | None = None
+                     ) -> None:
+        """Check the batches of `piece` (outside the lock: appends go on), given its bytes
+        when the caller read them already; raise CorruptRecord, closing it, when they fail."""
         try:
-            data = piece.read()
+            if data is None:
+                data = piece.read()
             if len(data) != piece.length:
                 raise CorruptRecord("segment shrank while being read")
             bad = first_bad_batch(data, piece.first_offset)

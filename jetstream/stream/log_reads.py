@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from jetstream.errors import CorruptRecord, OffsetOutOfRange
+from jetstream.errors import CorruptRecord, OffsetOutOfRange, SegmentsChanged
 from jetstream.stream import format as fmt
 from jetstream.stream.file_slice import INLINE_BYTES_MAX, FileSlice
 from jetstream.stream.handles import HandlePool
@@ -68,6 +68,32 @@ class LogReads(LogIntegrity):
         if not checked:
             self._check_piece(segment, piece)
         return piece
+
+    def read_segment(self, base_offset: int, size: int, next_offset: int) -> bytes:
+        """The whole sealed segment at `base_offset` (`size` bytes holding the offsets up to
+        `next_offset`), checked where it was not since it was written or opened; raises
+        SegmentsChanged when the log no longer holds that segment sealed as it was
+        (retention, truncation or compaction came first). A bulk copy (tiered storage's
+        offload): the lock that appends take is held only to find the segment and take a
+        descriptor, never for a walk of its batches."""
+        with self._lock:
+            self._check_open()
+            segments = self._segments
+            segment = segments.segment_for(base_offset)
+            if (segment is segments.active or segment.base_offset != base_offset
+                    or segment.size != size or segment.next_offset != next_offset):
+                raise SegmentsChanged(f"segment {base_offset} of {self.directory} is no longer "
+                                      f"the sealed one of {size} bytes up to {next_offset}")
+            checked = segment.verified.covers(0, size)
+            fd = self._pool.dup(segment.log_path)
+        piece = FileSlice(fd, 0, size, base_offset, next_offset)
+        with piece:
+            data = piece.read()
+            if not checked:
+                self._check_piece(segment, piece, data)
+            elif len(data) != size:
+                raise CorruptRecord("segment shrank while being read")
+        return data
 
     def read_bytes(self, offset: int, max_bytes: int, upper_bound: int | None = None, *,
                    skip_empty: bool = False) -> tuple[bytes, int]:

@@ -29,7 +29,7 @@ from jetstream.stream.cleaning import CLEANED_SUFFIX, SWAP_SUFFIX, complete_swap
 from jetstream.stream.config import LogConfig
 from jetstream.stream.epoch import LeaderEpochCache
 from jetstream.stream.handles import HandlePool
-from jetstream.stream.segment import Segment
+from jetstream.stream.segment import DELETED_SUFFIX, Segment
 from jetstream.stream.segment_list import SegmentList
 
 RECOVERY_POINT_FILE = "recovery-point-checkpoint"
@@ -85,7 +85,7 @@ class Recovery:
         # One listing (a broker opens thousands of logs at start), again only if a swap ran.
         names = os.listdir(directory)
         for name in names:
-            if name.endswith(".tmp"):
+            if name.endswith((".tmp", DELETED_SUFFIX)):
                 (directory / name).unlink()
         if any(name.endswith((CLEANED_SUFFIX, SWAP_SUFFIX)) for name in names):
             complete_swaps(directory, self.pool)

@@ -11,6 +11,7 @@ truncated object is an error that names it, never wrong data). Compression uses 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import cramjam
@@ -60,6 +61,20 @@ def decompress(payload: bytes, compression: Compression) -> bytes:
     return bytes(cramjam.snappy.decompress(payload))
 
 
+def decode_parts(name: FragmentName, parts: Sequence[bytes | memoryview], where: str
+                 ) -> Sequence[bytes | memoryview]:
+    """`decode` of a payload that came in `parts`: an uncompressed one is checked part by
+    part and handed back as it is (no copy of a segment-sized fragment); a compressed one is
+    joined first."""
+    if name.compression is not Compression.NONE:
+        return [decode(name, b"".join(parts), where)]
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    _check_digest(name, digest.hexdigest(), where)
+    return parts
+
+
 def decode(name: FragmentName, payload: bytes, where: str) -> bytes:
     """The uncompressed bytes of the fragment `name` from its stored `payload`; raises
     CorruptFragment naming `where` (its URL) when they cannot be decompressed or their
@@ -69,8 +84,11 @@ def decode(name: FragmentName, payload: bytes, where: str) -> bytes:
     except Exception as exc:  # cramjam raises its own error types per codec
         raise CorruptFragment(where, f"cannot be decompressed ({name.compression}): {exc}"
                               ) from exc
-    digest = sha256_hex(data)
+    _check_digest(name, sha256_hex(data), where)
+    return data
+
+
+def _check_digest(name: FragmentName, digest: str, where: str) -> None:
     if digest != name.sha256:
         raise CorruptFragment(where, f"its bytes have SHA-256 {digest}, its name says "
                                      f"{name.sha256}")
-    return data

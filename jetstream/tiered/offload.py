@@ -199,12 +199,11 @@ def _write_parquet(store: FragmentStore, log_: Log, task: PassInput, index: Frag
 
 def _read_segment(log_: Log, task: PassInput, segment: SegmentInfo) -> bytes:
     """The bytes of one sealed segment, CRC-checked; SegmentsChanged when it changed."""
-    data, next_offset = log_.read_bytes(segment.base_offset, segment.size_bytes,
-                                        upper_bound=segment.next_offset)
-    if len(data) != segment.size_bytes or next_offset != segment.next_offset:
+    try:
+        return log_.read_segment(segment.base_offset, segment.size_bytes, segment.next_offset)
+    except SegmentsChanged:
         raise SegmentsChanged(f"segment {segment.base_offset} of {task.stream}/"
-                              f"{task.partition} changed while it was offloaded")
-    return data
+                              f"{task.partition} changed while it was offloaded") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,10 +261,8 @@ def upload_segments(store: FragmentStore, log_: Log, task: PassInput,
 
 
 def _last_epoch(data: bytes) -> int:
-    epoch = 0
-    for _pos, header in fmt.iter_batches(data, verify=False):
-        epoch = header.leader_epoch
-    return epoch
+    last = fmt.last_batch_position(data)
+    return 0 if last is None else fmt.parse_header(data, last).leader_epoch
 
 
 def _verify_listed(store: FragmentStore, index: FragmentIndex, verified: set[FragmentName],

@@ -96,23 +96,25 @@ class FragmentCache:
 
     async def _download(self, store: FragmentStore, name: FragmentName, size_bytes: int
                         ) -> Segment:
-        payload = await store.get_async(store.key(name), size_bytes)
+        parts = await store.get_async(store.key(name), size_bytes)
         segment = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._install, store.url_of(name), name, payload)
+            self._executor, self._install, store.url_of(name), name, parts)
         self.downloads += 1
-        self.downloaded_bytes += len(payload)
+        self.downloaded_bytes += sum(part.nbytes for part in parts)
         self._segments[name] = segment
         self.cached_bytes += segment.size
         self._evict()
         return segment
 
-    def _install(self, url: str, name: FragmentName, payload: bytes) -> Segment:
+    def _install(self, url: str, name: FragmentName, parts: list[memoryview]) -> Segment:
         """In the executor: check, write and open one fragment."""
-        data = codec.decode(name, payload, url)
+        data = codec.decode_parts(name, parts, url)
         directory = self.directory / f"{name.stream}-{name.partition}" / name.file_name
         directory.mkdir(parents=True, exist_ok=True)
         # A cache, wiped at start: no fsync (the checks below run on what was written).
-        (directory / log_file_name(name.begin)).write_bytes(data)
+        with open(directory / log_file_name(name.begin), "wb") as out:
+            for part in data:
+                out.write(part)
         segment = Segment(directory, name.begin, self._pool, INDEX_INTERVAL_BYTES)
         cut = segment.recover()
         if cut or segment.next_offset != name.end:

@@ -166,19 +166,21 @@ class FragmentStore:
 
     # -- async (the event loop) -------------------------------------------------------------
 
-    async def get_async(self, key: str, size_bytes: int = 0) -> bytes:
-        """The object's bytes. One of a known `size_bytes` past GET_PART_BYTES comes in
-        parts requested at once (an object store serves each part on a connection of its
-        own: the first bytes arrive sooner, the whole faster)."""
+    async def get_async(self, key: str, size_bytes: int = 0) -> list[memoryview]:
+        """The object's bytes, in the parts they came in (buffers the store library owns:
+        no copy is made on the event loop; whoever needs one `bytes` joins them). One of a
+        known `size_bytes` past GET_PART_BYTES comes in parts requested at once (an object
+        store serves each part on a connection of its own: the first bytes arrive sooner,
+        the whole faster)."""
         with self._errors(f"get {key}"):
             if size_bytes <= GET_PART_BYTES:
                 result = await obstore.get_async(self._store, key)
-                return bytes(await result.bytes_async())
+                return [memoryview(await result.bytes_async())]
             parts = await asyncio.gather(*(
                 obstore.get_range_async(self._store, key, start=start,
                                         end=min(size_bytes, start + GET_PART_BYTES))
                 for start in range(0, size_bytes, GET_PART_BYTES)))
-            return b"".join(bytes(part) for part in parts)
+            return [memoryview(part) for part in parts]
 
 
 def _first_line(exc: Exception) -> str:

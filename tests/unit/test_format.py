@@ -79,6 +79,18 @@ def test_trailing_partial_batch_is_ignored() -> None:
     assert [r.value for r in fmt.decode_batches(one + two[:-3])] == [b"x"]
 
 
+@given(st.lists(st.integers(1, 4), min_size=0, max_size=6), st.integers(0, 40))
+def test_the_last_whole_batch_is_found_by_lengths_alone(sizes: list[int], cut: int) -> None:
+    batches = []
+    for i, count in enumerate(sizes):
+        base = sum(sizes[:i])
+        batches.append(fmt.encode_batch(base, i, [fmt.Record(b"v" * i)] * count, 1))
+    data = b"".join(batches)
+    data = data[:len(data) - cut] if cut < len(data) else b""
+    whole = [pos for pos, _header in fmt.iter_batches(data, verify=False)]
+    assert fmt.last_batch_position(data) == (whole[-1] if whole else None)
+
+
 def test_rebase_keeps_offset_gaps() -> None:
     data = fmt.encode_batch(100, 3, [fmt.Record(b"a"), fmt.Record(b"b")], 9, offset_deltas=[0, 5])
     records = fmt.decode_batches(data)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jetstream.errors import CorruptRecord
+from jetstream.errors import CorruptRecord, SegmentsChanged
 from jetstream.stream import check
 from jetstream.stream import format as fmt
 from jetstream.stream.log import Log
@@ -250,3 +250,37 @@ def test_pace_hears_every_byte_checked_once(tmp_path: Path, clock: Clock,
     assert log.check_segment(log.segment_base_offsets[0], paced.append) is None
     assert sum(paced) == log.size_bytes
     assert len(paced) > 10 and max(paced) <= 4096
+
+
+def test_a_whole_sealed_segment_read_is_checked_once_and_names_its_damage(
+        damaged: tuple[Log, int], tmp_path: Path, clock: Clock) -> None:
+    """`read_segment` (tiered storage's offload): the file's bytes exactly, checked where they
+    were not since the log opened; damage raises with its offsets and is recorded."""
+    log, offset = damaged
+    first, second = log._segments[0], log._segments[1]
+    with pytest.raises(CorruptRecord) as err:
+        log.read_segment(first.base_offset, first.size, first.next_offset)
+    assert (err.value.first_offset, err.value.end_offset) == (offset, offset + 1)
+    assert [(d.first_offset, d.end_offset) for d in log.damage] == [(offset, offset + 1)]
+    assert not second.verified.covers(0, second.size)
+    data = log.read_segment(second.base_offset, second.size, second.next_offset)
+    assert data == second.log_path.read_bytes()
+    assert second.verified.covers(0, second.size)  # checked now: the next read is not
+    assert log.read_segment(second.base_offset, second.size, second.next_offset) == data
+
+
+def test_a_whole_segment_read_of_a_segment_no_longer_as_planned_raises_segments_changed(
+        tmp_path: Path, clock: Clock) -> None:
+    log = make(tmp_path, clock, segment_bytes_max=16 * 1024)
+    append_n(log, 300)
+    sealed, active = log._segments[0], log._segments.active
+    for base, size, end in ((sealed.base_offset, sealed.size + 1, sealed.next_offset),
+                            (sealed.base_offset, sealed.size, sealed.next_offset - 1),
+                            (sealed.base_offset + 1, sealed.size, sealed.next_offset),
+                            (active.base_offset, active.size, active.next_offset)):
+        with pytest.raises(SegmentsChanged):
+            log.read_segment(base, size, end)
+    log.delete_segments_below(sealed.next_offset)
+    with pytest.raises(SegmentsChanged):
+        log.read_segment(sealed.base_offset, sealed.size, sealed.next_offset)
+    log.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tests.unit.log_helpers import (
     Clock,
     append_n,
     assert_dense,
+    crash,
     log_files,
     make,
     read_all,
@@ -108,4 +110,49 @@ def test_no_retention_configured_keeps_everything(tmp_path: Path, clock: Clock) 
     log, bases = retention_log(tmp_path, clock)
     assert log.apply_retention(now_ms=T0 + 10**12) == []
     assert log.segment_base_offsets == bases
+    log.close()
+
+
+def test_deleted_segments_leave_the_lock_before_their_files_go(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention renames a segment's files under the log's lock and unlinks them after it
+    (an unlink of a large file is slow; appends wait on that lock); a crash in between
+    leaves `*.deleted` files that the next open removes, with the log starting after them."""
+    log, bases = retention_log(tmp_path, clock, retention_messages=20)
+    log.start_leader_epoch(3)
+    append_n(log, 1, size=400, epoch=3)
+    unlinked: list[str] = []
+    held_at_unlink: list[bool] = []
+
+    def lock_free() -> bool:  # whether another thread (an append) could take the lock now
+        free: list[bool] = []
+
+        def probe() -> None:
+            free.append(log._lock.acquire(blocking=False))
+            if free[0]:
+                log._lock.release()
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+        return free[0]
+
+    def spy(paths: list[Path]) -> None:
+        held_at_unlink.append(not lock_free())
+        unlinked.extend(p.name for p in paths)
+
+    monkeypatch.setattr("jetstream.stream.log._unlink", spy)  # a crash before the unlinks
+    assert log.apply_retention() == bases[:8]
+    assert held_at_unlink == [False]
+    assert sorted(unlinked) == sorted(f"{base:020d}{suffix}.deleted" for base in bases[:8]
+                                      for suffix in (".log", ".index", ".timeindex"))
+    assert log_files(tmp_path)[0] == f"{64:020d}.log"
+    assert len(list(tmp_path.glob("*.deleted"))) == 24
+    crash(log)
+    monkeypatch.undo()
+    log = make(tmp_path, clock, segment_bytes_max=4096)
+    assert not list(tmp_path.glob("*.deleted"))
+    assert (log.log_start_offset, log.log_end_offset) == (64, 81)
+    assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(0, 64), (3, 80)]
+    assert_dense(read_all(log)[:-1], 64, 80, size=400)
     log.close()
