@@ -12,7 +12,9 @@ against one that does not.
   included) ÷ the same read from the log on local disk.
 - Ingest: a broker process, the raw NATS publisher at a fixed rate, ack latency measured
   from each message's due time; a stream with 1 MiB segments offloading and deleting locally
-  as it goes ÷ the same stream without a store, in the same run.
+  as it goes ÷ the same stream without a store, in the same run, once offloading to moto's S3
+  (the headline: moto is a Python server on the same cores, whose work per upload the
+  broker competes with) and once to a directory.
 - Spark over Parquet fragments (bench.tiered_spark): `jetstream.spark.read` of a stream whose
   history is in Parquet fragments (`file://` store) ÷ Spark reading the same rows from a
   plain Parquet dataset.
@@ -148,23 +150,28 @@ async def measure_read(url: str, tmp: Path, quick: bool) -> JsonObject:
             / statistics.median(local_rates)}
 
 
-async def measure_ingest(s3: LocalS3, bucket: str, tmp: Path, quick: bool) -> JsonObject:
+async def measure_ingest(bucket: str, tmp: Path, quick: bool) -> dict[str, JsonObject]:
+    """Ack p99 of a stream that offloads to moto's S3 (`s3`) and of one that offloads to a
+    directory (`file`), each ÷ that of a stream without a store, all three on one broker and
+    taking turns in each round."""
     rate, payload = (2000, b"p" * 1024)
     warmup_s, measure_s = (2.0, 8.0) if quick else (5.0, 30.0)
     rounds = 1 if quick else 3
-    out: dict[str, list[JsonObject]] = {"plain": [], "offloading": []}
+    stores = {"s3": f"{bucket}/ingest", "file": f"file://{tmp}/ingest-store"}
+    out: dict[str, list[JsonObject]] = {"plain": [], "s3": [], "file": []}
     with NatsServer(tmp / "nats") as nats_server:
         broker = BrokerProcess(tmp / "broker", nats_server.url).start()
         try:
             async with jetstream.connect(broker.address) as js:
                 await js.create_stream("plain", "bench.plain", segment_bytes_max=MiB,
                                        fsync="never")
-                await js.create_stream("offloading", "bench.offloading",
-                                       segment_bytes_max=MiB, fsync="never", tiered={
-                                           "fragment_store": f"{bucket}/ingest",
-                                           "local_retention_bytes": 4 * MiB})
+                for name, url in stores.items():
+                    await js.create_stream(name, f"bench.{name}", segment_bytes_max=MiB,
+                                           fsync="never", tiered={
+                                               "fragment_store": url,
+                                               "local_retention_bytes": 4 * MiB})
                 for _ in range(rounds):
-                    for name in ("plain", "offloading"):
+                    for name in out:
                         cpu = cpu_seconds(broker.pid)
                         figures = await publish_paced(
                             nats_server.url, f"bench.{name}", payload, rate,
@@ -173,19 +180,22 @@ async def measure_ingest(s3: LocalS3, bucket: str, tmp: Path, quick: bool) -> Js
                             (cpu_seconds(broker.pid) - cpu) / (rate * (warmup_s + measure_s))
                             * 1e6)
                         out[name].append(figures)
-                stored = (await js.fragments("offloading", 0))[0]
+                stored = {name: (await js.fragments(name, 0))[0] for name in stores}
         finally:
             broker.stop()
     plain = statistics.median(f["ack_p99_ms"] for f in out["plain"])
-    offloading = statistics.median(f["ack_p99_ms"] for f in out["offloading"])
-    return {"rate_msgs_per_s": rate, "payload_bytes": len(payload),
+    results: dict[str, JsonObject] = {}
+    for name in stores:
+        offloading = statistics.median(f["ack_p99_ms"] for f in out[name])
+        results[name] = {
+            "rate_msgs_per_s": rate, "payload_bytes": len(payload),
             "plain_ack_p99_ms": plain, "offloading_ack_p99_ms": offloading,
             "ingest_p99_ratio_offloading": offloading / plain,
-            "offloaded_fragments": stored.get("stored_fragments", 0),
-            "offload_backlog_bytes": stored.get("backlog_bytes", 0),
-            "send_lag_p99_ms": max(f["send_lag_p99_ms"] for f in out["plain"] + out[
-                "offloading"]),
-            "runs": out}
+            "offloaded_fragments": stored[name].get("stored_fragments", 0),
+            "offload_backlog_bytes": stored[name].get("backlog_bytes", 0),
+            "send_lag_p99_ms": max(f["send_lag_p99_ms"] for f in out["plain"] + out[name]),
+            "runs": {"plain": out["plain"], "offloading": out[name]}}
+    return results
 
 
 async def run(quick: bool) -> JsonObject:
@@ -198,12 +208,15 @@ async def run(quick: bool) -> JsonObject:
             (tmp / backend).mkdir()
             results[backend] = {"offload": measure_offload(url, tmp / backend, quick),
                                 "read": await measure_read(url, tmp / backend, quick)}
-        results["ingest_s3"] = await measure_ingest(s3, bucket, tmp, quick)
+        ingest = await measure_ingest(bucket, tmp, quick)
+        results["ingest_s3"], results["ingest_file"] = ingest["s3"], ingest["file"]
         results["spark_file"] = await tiered_spark.measure(tmp, quick)
     results["offload_vs_raw_put"] = results["s3"]["offload"]["offload_vs_raw_put"]
     results["store_read_vs_local"] = results["s3"]["read"]["store_read_vs_local"]
     results["ingest_p99_ratio_offloading"] = \
         results["ingest_s3"]["ingest_p99_ratio_offloading"]
+    results["ingest_p99_ratio_offloading_file"] = \
+        results["ingest_file"]["ingest_p99_ratio_offloading"]
     results["spark_parquet_fragments_vs_parquet"] = \
         results["spark_file"]["spark_parquet_fragments_vs_parquet"]
     return results
@@ -222,12 +235,13 @@ def table(results: JsonObject) -> str:
             ("store ÷ local (target >= 0.5)", "read", "store_read_vs_local", "{:.2f}")):
         lines.append(f"{label:<52}{fmt_.format(results['s3'][part][key]):>14}"
                      f"{fmt_.format(results['file'][part][key]):>14}")
-    ingest = results["ingest_s3"]
-    lines.append(f"ingest ack p99 without / while offloading (s3): "
-                 f"{ingest['plain_ack_p99_ms']:.2f} / {ingest['offloading_ack_p99_ms']:.2f} ms "
-                 f"= {ingest['ingest_p99_ratio_offloading']:.2f}x (target <= 1.2), "
-                 f"{ingest['offloaded_fragments']} fragments offloaded, generator send lag "
-                 f"p99 {ingest['send_lag_p99_ms']:.2f} ms")
+    for store in ("s3", "file"):
+        ingest = results[f"ingest_{store}"]
+        lines.append(f"ingest ack p99 without / while offloading ({store}): "
+                     f"{ingest['plain_ack_p99_ms']:.2f} / {ingest['offloading_ack_p99_ms']:.2f}"
+                     f" ms = {ingest['ingest_p99_ratio_offloading']:.2f}x (target <= 1.2), "
+                     f"{ingest['offloaded_fragments']} fragments offloaded, generator send "
+                     f"lag p99 {ingest['send_lag_p99_ms']:.2f} ms")
     spark = results["spark_file"]
     lines.append(
         f"spark over Parquet fragments / plain Parquet (file://, {spark['rows']:,} rows in "

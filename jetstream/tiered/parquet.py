@@ -22,13 +22,23 @@ bytes. Pure: no IO.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from jetstream.spark import arrow_decode
 from jetstream.tiered.names import Compression
 
-#: Most rows in one row group.
-ROW_GROUP_ROWS = 128 * 1024
+#: Most rows in one row group (pyarrow's default; Spark's own writer closes a row group at
+#: 128 MiB, about one per fragment): a scan pays a row group's setup once per million rows.
+ROW_GROUP_ROWS = 1 << 20
+#: Columns whose values repeat by nature: always dictionary-encoded.
+DICTIONARY_COLUMNS = ("stream", "partition", "subject", "headers", "leader_epoch")
+#: Columns of data (key, value) dictionary-encoded only when every distinct value of the
+#: fragment fits in a dictionary page of this size, Parquet's limit before a writer falls back
+#: to plain encoding mid-column (a column chunk half dictionary, half plain makes a
+#: vectorised reader such as Spark's decode the dictionary eagerly). Offsets and timestamps
+#: never repeat: never.
+DICTIONARY_PAGE_BYTES = 1 << 20
 #: The columns of a Parquet fragment, in order (the Spark source's).
 COLUMNS = tuple(f.name for f in arrow_decode.ARROW_FIELDS)
 #: Columns with min/max statistics.
@@ -61,8 +71,22 @@ def encode(table: pa.Table, compression: Compression) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table.replace_schema_metadata(FILE_METADATA), sink,
                    row_group_size=ROW_GROUP_ROWS, compression=_CODECS[compression],
+                   use_dictionary=dictionary_columns(table),
+                   dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES,
                    write_statistics=list(STATISTICS_COLUMNS), write_page_checksum=True)
     return sink.getvalue().to_pybytes()
+
+
+def dictionary_columns(table: pa.Table) -> list[str]:
+    """The columns of `table` to dictionary-encode (see DICTIONARY_PAGE_BYTES)."""
+    columns = list(DICTIONARY_COLUMNS)
+    for name in ("key", "value"):
+        distinct = pc.unique(table[name])
+        # A dictionary page holds each value after its 4-byte length.
+        page_bytes = (pc.sum(pc.binary_length(distinct)).as_py() or 0) + 4 * len(distinct)
+        if page_bytes <= DICTIONARY_PAGE_BYTES:
+            columns.append(name)
+    return columns
 
 
 def segment_parquet(data: bytes, stream: str, partition: int, begin: int, end: int,

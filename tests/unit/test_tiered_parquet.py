@@ -155,7 +155,9 @@ def test_every_row_of_the_log_and_what_the_rows_hold(log: Log, tmp_path: Path) -
     assert epochs == sorted(epochs) and epochs[0] == 0 and epochs[-1] == rows[-1]["offset"] // 100
 
 
-def test_row_groups_carry_offset_and_timestamp_statistics(tmp_path: Path) -> None:
+def test_row_groups_carry_offset_and_timestamp_statistics(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parquet, "ROW_GROUP_ROWS", 131_072)  # several groups, small data
     log = make(tmp_path / "log", Clock(), segment_bytes_max=64 << 20)
     batch = [fmt.Record(b"v", None, fmt.NO_HEADERS, "", 1_700_000_000_000 + i)
              for i in range(1000)]
@@ -299,3 +301,32 @@ def test_overlapping_parquet_fragments_are_never_read_twice() -> None:
                               StoredHistory(local_starts={(STREAM, 0): 22}), options)
     assert [(t.partition, t.start, t.end, t.files) for t in below] == [(0, 10, 22, None)]
     assert rest.ranges == {(STREAM, 0): (22, 30), (STREAM, 1): (0, 5)}
+
+
+def test_data_columns_are_dictionary_encoded_only_when_the_whole_dictionary_fits(
+        tmp_path: Path) -> None:
+    """Keys and values get a dictionary only when every distinct one fits in one dictionary
+    page: never a column chunk half dictionary, half plain. Offsets and timestamps never."""
+    log = make(tmp_path / "log", Clock(), segment_bytes_max=64 << 20)
+    few = [fmt.Record(b"v" * 100, b"k%d" % (i % 7)) for i in range(1000)]
+    for _ in range(20):
+        log.append(few, 0)
+    many = [fmt.Record(b"%0100d" % i, b"%064d" % i) for i in range(20_000)]
+    log.append(many, 0)
+    encodings: dict[str, dict[str, bool]] = {}
+    for name, begin, end in (("few", 0, 20_000), ("many", 20_000, 40_000)):
+        data, _next = log.read_bytes(begin, 64 << 20, end)
+        payload = parquet.segment_parquet(data, STREAM, PARTITION, begin, end,
+                                          Compression.SNAPPY)
+        group = pq.read_metadata(io.BytesIO(payload)).row_group(0)
+        encodings[name] = {group.column(i).path_in_schema: group.column(i).has_dictionary_page
+                           for i in range(group.num_columns)}
+        assert pq.read_table(io.BytesIO(payload)).column("key").to_pylist() == [
+            r.key for r in (few * 20 if name == "few" else many)]
+    assert encodings["few"]["key"] and encodings["few"]["value"]
+    # 20,000 distinct 64 B keys and 100 B values: about 1.4 and 2.0 MiB of dictionary.
+    assert not encodings["many"]["key"] and not encodings["many"]["value"]
+    for columns in encodings.values():
+        assert columns["stream"] and columns["subject"] and columns["leader_epoch"]
+        assert not columns["offset"] and not columns["timestamp"]
+    log.close()

@@ -31,7 +31,8 @@ class Buffer:
 class BufferOutputStream:
     def getvalue(self) -> Buffer: ...
 
-class Scalar: ...
+class Scalar:
+    def as_py(self) -> Any: ...
 
 class Array:
     @staticmethod

@@ -6,7 +6,8 @@ def write_table(table: Table, where: str | IO[bytes] | BufferOutputStream,
                 compression: str = "snappy", *, row_group_size: int | None = None,
                 write_statistics: bool | list[str] = True,
                 write_page_checksum: bool = False,
-                use_dictionary: bool | list[str] = True) -> None: ...
+                use_dictionary: bool | list[str] = True,
+                dictionary_pagesize_limit: int | None = None) -> None: ...
 def read_table(source: Any, columns: list[str] | None = None, **kwargs: Any) -> Table: ...
 
 class FileMetaData:
