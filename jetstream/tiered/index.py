@@ -49,11 +49,16 @@ class StoredFragment:
         return self.name.end
 
 
+def _order(fragment: StoredFragment) -> tuple[int, int, str]:
+    """Fragments in offset order; of two with the same first offset the longer first."""
+    return fragment.begin, -fragment.end, fragment.name.sha256
+
+
 def resolve(fragments: Iterable[StoredFragment]) -> tuple[list[StoredFragment],
                                                            list[StoredFragment]]:
     """(useful, redundant): the fragments that add coverage, in offset order, and those
     whose whole range the useful ones before them already cover."""
-    ordered = sorted(fragments, key=lambda f: (f.begin, -f.end, f.name.sha256))
+    ordered = sorted(fragments, key=_order)
     useful: list[StoredFragment] = []
     redundant: list[StoredFragment] = []
     reach = -1
@@ -72,6 +77,35 @@ class Coverage:
     def __init__(self, fragments: Iterable[StoredFragment] = ()) -> None:
         self.useful, self.redundant = resolve(fragments)
         self._begins = [f.begin for f in self.useful]
+
+    def extended(self, fragment: StoredFragment) -> Coverage | None:
+        """This coverage with `fragment` too, when it sorts after every fragment here (an
+        upload past the end, the common case): a copy (coverages are shared between an
+        index and its snapshots) made without resolving again; None otherwise."""
+        key = _order(fragment)
+        last = max((f for f in (self.useful[-1:] + self.redundant[-1:])), key=_order,
+                   default=None)
+        if last is not None and _order(last) >= key:
+            return None
+        out = Coverage()
+        reach = self.useful[-1].end if self.useful else -1
+        if fragment.end <= reach:
+            out.useful, out._begins = self.useful, self._begins
+            out.redundant = [*self.redundant, fragment]
+        else:
+            out.useful, out._begins = [*self.useful, fragment], [*self._begins, fragment.begin]
+            out.redundant = self.redundant
+        return out
+
+    def ending_after(self, offset: int) -> list[StoredFragment]:
+        """The fragments (useful or redundant) that hold an offset at or past `offset`."""
+        # Useful fragments have rising ends: those from the first one ending past `offset`.
+        i = bisect.bisect_right(self._begins, offset) - 1
+        while i > 0 and self.useful[i - 1].end > offset:
+            i -= 1
+        useful = self.useful[max(i, 0):]
+        return [f for f in useful if f.end > offset] + [
+            f for f in self.redundant if f.end > offset]
 
     def covering(self, offset: int) -> StoredFragment | None:
         """The fragment holding `offset` that reaches furthest, or None."""
@@ -154,11 +188,36 @@ class FragmentIndex:
         self._resolve()
 
     def add(self, fragment: StoredFragment) -> None:
-        """This broker verified `fragment` in the store."""
+        """This broker verified `fragment` in the store. One past the end of its kind (what
+        an offload uploads) extends the coverage without resolving it again: a pass costs
+        the same with ten fragments stored or a hundred thousand."""
         self._generation += 1
+        known = fragment.name in self._all
         self._all[fragment.name] = fragment
         self._added[fragment.name] = self._generation
-        self._resolve()
+        kind = fragment.name.kind
+        extended = None if known else (
+            self._segment if kind is FragmentKind.SEGMENT else self._parquet).extended(fragment)
+        if extended is None:
+            self._resolve()
+        elif kind is FragmentKind.SEGMENT:
+            self._segment = extended
+        else:
+            self._parquet = extended
+
+    def snapshot(self) -> FragmentIndex:
+        """A private copy (an offload pass's, in the executor) that costs a copy of two
+        dicts: coverages are never changed in place, only replaced."""
+        copy = FragmentIndex()
+        copy._all, copy._added = dict(self._all), dict(self._added)
+        copy._generation = self._generation
+        copy._segment, copy._parquet = self._segment, self._parquet
+        return copy
+
+    def ending_after(self, offset: int) -> list[StoredFragment]:
+        """The fragments of both kinds, useful or redundant, that hold an offset at or past
+        `offset` (what a deletion of local segments from there on can rest on)."""
+        return self._segment.ending_after(offset) + self._parquet.ending_after(offset)
 
     def remove(self, names: Iterable[FragmentName]) -> None:
         """These fragments were deleted from the store (retention, prune)."""
@@ -192,8 +251,7 @@ class FragmentIndex:
 
     def all(self) -> list[StoredFragment]:
         """Every fragment listed, of both kinds, useful or not, in offset order."""
-        return sorted(self._all.values(), key=lambda f: (f.begin, -f.end, f.name.sha256,
-                                                         f.name.kind))
+        return sorted(self._all.values(), key=lambda f: (*_order(f), f.name.kind))
 
     def useful(self) -> set[FragmentName]:
         """The fragments of both kinds that add coverage to their kind."""

@@ -86,7 +86,8 @@ class PassInput:
     stream: str
     partition: int
     high_watermark: int
-    fragments: tuple[StoredFragment, ...]
+    #: A snapshot of the partition's fragment index (the pass's own: FragmentIndex.snapshot).
+    index: FragmentIndex
     verified: frozenset[FragmentName]
     list_now: bool
     generation: int
@@ -125,7 +126,7 @@ def run_pass(store: FragmentStore, log_: Log, task: PassInput,
     if task.list_now:
         result.listed = store.list_partition(task.stream, task.partition)
         step("listed")
-    index = FragmentIndex(result.listed if result.listed is not None else task.fragments)
+    index = FragmentIndex(result.listed) if result.listed is not None else task.index
     verified = set(task.verified)
     settings = task.settings
     local = LocalRetention(settings.local_retention_ms, settings.local_retention_bytes)
@@ -143,7 +144,10 @@ def run_pass(store: FragmentStore, log_: Log, task: PassInput,
     if settings.fragment_format.parquet:
         _write_parquet(store, log_, task, index, sealed, result, step)
     _verify_listed(store, index, verified, sealed, result)
-    trusted = FragmentIndex(f for f in index.all() if f.name in verified
+    # What a deletion of local segments may rest on: fragments over the local segments,
+    # verified (segment fragments) or any (Parquet, an analytics copy, is never read back).
+    local_start = sealed[0].base_offset if sealed else task.high_watermark
+    trusted = FragmentIndex(f for f in index.ending_after(local_start) if f.name in verified
                             or f.name.kind is FragmentKind.PARQUET)
     plan = plan_offload(sealed, active_bytes, task.high_watermark, trusted, local, task.now_ms,
                         parquet_too=settings.fragment_format.parquet)

@@ -137,7 +137,7 @@ class PartitionTier:
         self.metrics.backlog_bytes = offload.backlog_bytes(self.settings, plan, sealed,
                                                            high_watermark, self.index, None)
         task = PassInput(self.settings, self.stream, self.partition, high_watermark,
-                         tuple(self.index.all()), frozenset(self.verified),
+                         self.index.snapshot(), frozenset(self.verified),
                          list_now=not self.listed or now_ms >= self._next_list_ms,
                          generation=self.index.generation, total_retention=total,
                          now_ms=wall_ms, keep_from=keep_from)

@@ -4,7 +4,7 @@ planner and the stream settings."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from jetstream.errors import CorruptFragment, InvalidStreamConfig
@@ -14,6 +14,7 @@ from jetstream.tiered.index import FragmentIndex, StoredFragment, resolve
 from jetstream.tiered.names import (
     BadFragmentName,
     Compression,
+    FragmentKind,
     FragmentName,
     parse_key,
     partition_prefix,
@@ -135,6 +136,41 @@ def test_a_listing_replaces_the_index_but_keeps_newer_uploads() -> None:
     assert [(f.begin, f.end) for f in index.fragments] == [(10, 20)]
     index.remove([name(10, 20)])
     assert index.fragments == [] and index.end_offset is None
+
+
+_FRAGMENTS = st.builds(lambda begin, length, sha, parquet: StoredFragment(
+    FragmentName(begin, begin + length, "orders", 3, 0, sha, Compression.NONE,
+                 FragmentKind.PARQUET if parquet else FragmentKind.SEGMENT), 100, 0),
+    st.integers(0, 60), st.integers(1, 30), st.sampled_from(["ab" * 32, "cd" * 32]),
+    st.booleans())
+
+
+@given(st.lists(_FRAGMENTS, max_size=12), st.lists(_FRAGMENTS, max_size=12),
+       st.integers(0, 100))
+@example([frag(0, 30)], [frag(10, 30, sha="cd" * 32), frag(30, 40)], 20)  # ends where one ends
+def test_adds_give_the_index_a_listing_of_the_same_fragments_would(
+        listed: list[StoredFragment], added: list[StoredFragment], offset: int) -> None:
+    """An add past the end extends the coverage without resolving it again; any other add
+    resolves it: either way the same index as one built from all of them, and a snapshot
+    taken before is not changed."""
+    index = FragmentIndex(listed)
+    before = index.snapshot()
+    frozen = (before.fragments, before.redundant, before.parquet.useful)
+    for order in (sorted(added, key=lambda f: (f.begin, -f.end)), added):  # in order, any
+        for fragment in order:
+            index.add(fragment)
+        whole = FragmentIndex(listed + added)
+        assert index.fragments == whole.fragments
+        assert sorted(index.redundant, key=str) == sorted(whole.redundant, key=str)
+        assert index.parquet.useful == whole.parquet.useful
+        assert sorted(index.parquet.redundant, key=str) == sorted(whole.parquet.redundant,
+                                                                  key=str)
+        for at in range(0, 100, 7):
+            assert index.covering(at) == whole.covering(at)
+            assert index.parquet.covering(at) == whole.parquet.covering(at)
+    assert (before.fragments, before.redundant, before.parquet.useful) == frozen
+    kept = set(index.ending_after(offset))
+    assert kept == {f for f in listed + added if f.end > offset}
 
 
 # -- planner ----------------------------------------------------------------------------------
