@@ -128,8 +128,12 @@ def retention_cut(index: FragmentIndex | Coverage, local_bytes: int, log_end_off
                   retention: TotalRetention, now_ms: int) -> int | None:
     """The offset below which retention deletes the stored history (None: nothing): of the
     segment fragments of an index, or of the fragments of one Coverage (Parquet)."""
+    if (retention.retention_ms is None and retention.retention_bytes is None
+            and retention.retention_messages is None):
+        return None  # no walk over every fragment in each pass for nothing
     fragments = index.fragments if isinstance(index, FragmentIndex) else index.useful
-    total_bytes = local_bytes + sum(f.size_bytes for f in fragments)
+    total_bytes = local_bytes + (sum(f.size_bytes for f in fragments)
+                                 if retention.retention_bytes is not None else 0)
     cut: int | None = None
     for fragment in fragments:
         expired = (
