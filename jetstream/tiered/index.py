@@ -82,10 +82,8 @@ class Coverage:
         """This coverage with `fragment` too, when it sorts after every fragment here (an
         upload past the end, the common case): a copy (coverages are shared between an
         index and its snapshots) made without resolving again; None otherwise."""
-        key = _order(fragment)
-        last = max((f for f in (self.useful[-1:] + self.redundant[-1:])), key=_order,
-                   default=None)
-        if last is not None and _order(last) >= key:
+        last = max(self.useful[-1:] + self.redundant[-1:], key=_order, default=None)
+        if last is not None and _order(last) >= _order(fragment):
             return None
         out = Coverage()
         reach = self.useful[-1].end if self.useful else -1

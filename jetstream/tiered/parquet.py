@@ -31,8 +31,10 @@ from jetstream.tiered.names import Compression
 #: Most rows in one row group (pyarrow's default; Spark's own writer closes a row group at
 #: 128 MiB, about one per fragment): a scan pays a row group's setup once per million rows.
 ROW_GROUP_ROWS = 1 << 20
-#: Columns whose values repeat by nature: always dictionary-encoded.
-DICTIONARY_COLUMNS = ("stream", "partition", "subject", "headers", "leader_epoch")
+#: Columns whose values repeat by nature (header names among them: a nested column is named
+#: by its path): always dictionary-encoded. Header values are not.
+DICTIONARY_COLUMNS = ("stream", "partition", "subject", "headers.key_value.key",
+                      "leader_epoch")
 #: Columns of data (key, value) dictionary-encoded only when every distinct value of the
 #: fragment fits in a dictionary page of this size, Parquet's limit before a writer falls back
 #: to plain encoding mid-column (a column chunk half dictionary, half plain makes a

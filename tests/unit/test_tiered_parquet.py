@@ -328,5 +328,6 @@ def test_data_columns_are_dictionary_encoded_only_when_the_whole_dictionary_fits
     assert not encodings["many"]["key"] and not encodings["many"]["value"]
     for columns in encodings.values():
         assert columns["stream"] and columns["subject"] and columns["leader_epoch"]
+        assert columns["headers.key_value.key"] and not columns["headers.key_value.value"]
         assert not columns["offset"] and not columns["timestamp"]
     log.close()
