@@ -33,7 +33,6 @@ import logging
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +72,7 @@ from jetstream.server.offsets_stream import OffsetsStream
 from jetstream.server.roles import IO_THREADS, Roles
 from jetstream.server.scheduler import Scheduler
 from jetstream.server.socket_api import SocketApi
+from jetstream.server.thread_pool import started_pool
 from jetstream.stream.checkpoint import fsync_dir, write_atomic
 from jetstream.stream.reserve import DiskReserve
 from jetstream.tasks import cancel_and_wait
@@ -112,8 +112,7 @@ class Broker:
         self._reconciling: asyncio.Task[None] | None = None
         self._disk = DiskMonitor(self.data_dir, config.disk_high_watermark_percent)
         self._disk_task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=IO_THREADS,
-                                            thread_name_prefix="jetstream-io")
+        self._executor = started_pool(IO_THREADS, "jetstream-io")
         self._scheduler = Scheduler(self._executor)
         self._stop = asyncio.Event()
 
