@@ -47,7 +47,7 @@ import enum
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -250,24 +250,53 @@ def decode_envelope(payload: bytes | bytearray | memoryview) -> Envelope | None:
         return None
 
 
-_VALUE_AND_KEY = frozenset(("value", "key"))
+class Published(NamedTuple):
+    """An envelope of the usual publish, with no headers and no expectations: its value and
+    key, and where and how to ack. (A named tuple: ingest decodes one per message.)"""
+
+    value: bytes | None
+    key: bytes | None = None
+    ack_inbox: str | None = None
+    correlation_id: str | None = None
+    ack_policy: AckPolicy | None = None
+    batch_ack: bool = False
 
 
-def decode_published(payload: bytes | bytearray | memoryview
-                     ) -> tuple[bytes | None, bytes | None] | Envelope | None:
+_PUBLISHED_FIELDS = frozenset(("value", "key", "ack_inbox", "correlation_id", "ack_policy",
+                               "batch_ack"))
+_POLICY_OF = {p.value: p for p in AckPolicy}
+
+
+def decode_published(payload: bytes | bytearray | memoryview) -> Published | Envelope | None:
     """`decode_envelope` for ingest, of a payload that starts with the envelope prefix,
-    unpacked once: an envelope holding only a value and a key (a keyed put or tombstone, the
-    hot path of compacted streams) comes back as (value, key) without building an Envelope.
-    Never raises."""
+    unpacked once: an envelope of the usual fields (`Published`: a keyed put or tombstone,
+    the hot path of compacted streams; the client's publish) comes back without building an
+    Envelope, after the same checks of those fields. Never raises."""
     try:
         body = _unpacked(payload)
-        if type(body) is dict and body.keys() <= _VALUE_AND_KEY and "value" in body:
-            value, key = body["value"], body.get("key")
-            if (value is None or type(value) is bytes) and (key is None or type(key) is bytes):
-                return value, key
+        if type(body) is dict and "value" in body and body.keys() <= _PUBLISHED_FIELDS:
+            published = _published(body)
+            if published is not None:
+                return published
         return _from_body(body)
     except Exception:  # whatever is wrong, the payload is a plain message
         return None
+
+
+def _published(body: dict[str, Any]) -> Published | None:
+    """The envelope of `body` (only _PUBLISHED_FIELDS, "value" among them) when each field
+    passes the Envelope's check; None sends it to the Envelope, which names what is wrong."""
+    value, key = body["value"], body.get("key")
+    inbox, corr = body.get("ack_inbox"), body.get("correlation_id")
+    policy, batch_ack = body.get("ack_policy"), body.get("batch_ack")
+    if (value is None or type(value) is bytes) and (key is None or type(key) is bytes) and (
+            inbox is None or (type(inbox) is str and names.is_subject(inbox, wildcards=False))
+    ) and (corr is None or (type(corr) is str and len(corr) <= CORRELATION_ID_CHARS_MAX)) and (
+            policy is None or (type(policy) is str and policy in _POLICY_OF)) and (
+            batch_ack is None or type(batch_ack) is bool):
+        return Published(value, key, inbox, corr, None if policy is None else _POLICY_OF[policy],
+                         bool(batch_ack))
+    return None
 
 
 def _or(value: Any, default: Any) -> Any:

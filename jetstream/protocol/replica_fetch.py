@@ -57,6 +57,7 @@ from jetstream.protocol.fields import (
     check_stream,
 )
 from jetstream.protocol.frames import U32_MAX, Op
+from jetstream.protocol.names import is_stream_name
 from jetstream.protocol.wire_errors import error_from_header, error_header
 
 #: Most partition entries (changed and forgotten together) one request names: a request
@@ -80,6 +81,14 @@ class SessionPartition:
     verify: bool = False
 
     def __post_init__(self) -> None:
+        # A well-formed entry passes in one expression (a session carries many); the checks
+        # below name what is wrong with another.
+        if type(self.partition) is int and type(self.offset) is int and \
+                type(self.leader_epoch) is int and type(self.unfit) is str and \
+                type(self.verify) is bool and 0 <= self.partition <= PARTITION_MAX and \
+                0 <= self.offset <= OFFSET_MAX and 0 <= self.leader_epoch <= EPOCH_MAX and \
+                len(self.unfit) <= _UNFIT_CHARS_MAX and is_stream_name(self.stream):
+            return
         check_stream(self.stream)
         check_int("partition", self.partition, 0, PARTITION_MAX)
         check_int("offset", self.offset, 0, OFFSET_MAX)
@@ -128,6 +137,18 @@ class PartitionAnswer:
     length: int = 0
 
     def __post_init__(self) -> None:
+        # As SessionPartition's: the usual answer in one expression, then the named checks.
+        if type(self.partition) is int and type(self.high_watermark) is int and \
+                type(self.log_start_offset) is int and type(self.log_end_offset) is int and \
+                type(self.next_offset) is int and type(self.leader_epoch) is int and \
+                type(self.length) is int and 0 <= self.partition <= PARTITION_MAX and \
+                0 <= self.high_watermark <= OFFSET_MAX and \
+                0 <= self.log_start_offset <= OFFSET_MAX and \
+                0 <= self.log_end_offset <= OFFSET_MAX and \
+                0 <= self.next_offset <= OFFSET_MAX and \
+                0 <= self.leader_epoch <= EPOCH_MAX and 0 <= self.length <= U32_MAX and \
+                is_stream_name(self.stream):
+            return
         check_stream(self.stream)
         check_int("partition", self.partition, 0, PARTITION_MAX)
         for name in ("high_watermark", "log_start_offset", "log_end_offset", "next_offset"):

@@ -22,7 +22,7 @@ from jetstream.idempotence.guard import Admitted, Duplicate, Expectations, Pass
 from jetstream.protocol import ack as ack_codec
 from jetstream.protocol.ack import AckEncoder
 from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
-from jetstream.protocol.envelope import AckPolicy, Envelope, decode_published
+from jetstream.protocol.envelope import AckPolicy, Envelope, Published, decode_published
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.guarded import from_envelope, from_nats_headers
 from jetstream.server.nats_wire import NatsMsg
@@ -66,10 +66,11 @@ def take_messages(msgs: list[NatsMsg], stream: StreamConfig, refuse_all: bool,
         decoded = decode_published(data) if data.startswith(ENVELOPE_PREFIX) else None
         envelope = decoded if isinstance(decoded, Envelope) else None
         expect: Expectations | str | None = None
-        if isinstance(decoded, tuple):  # an envelope of a value and a key, nothing else
-            value, key = decoded
-            corr, inbox, headers = None, reply, NO_HEADERS
-            policy, batch_ack, asks = default_policy, False, False
+        if type(decoded) is Published:  # the usual fields only: no headers, no expectations
+            value, key, inbox, corr, policy, batch_ack = decoded
+            inbox = inbox or reply
+            policy = policy or default_policy
+            headers, asks = NO_HEADERS, False
         elif envelope is None:
             value, key, corr, inbox = data, None, None, reply
             headers = _nats_headers(nats_headers) if nats_headers else NO_HEADERS

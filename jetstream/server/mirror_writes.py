@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from jetstream.errors import JetstreamError, StreamIsMirror
 from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
-from jetstream.protocol.envelope import Envelope, decode_published
+from jetstream.protocol.envelope import Envelope, Published, decode_published
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.nats_wire import NatsMsg
 
@@ -28,7 +28,7 @@ def refusals(msgs: list[NatsMsg], error: JetstreamError
     out: list[tuple[str, str | None, JetstreamError]] = []
     for _subject, reply, _headers, data in msgs:
         decoded = decode_published(data) if data.startswith(ENVELOPE_PREFIX) else None
-        if isinstance(decoded, Envelope):
+        if isinstance(decoded, Envelope | Published):
             inbox, corr = decoded.ack_inbox or reply, decoded.correlation_id
         else:
             inbox, corr = reply, None

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
@@ -111,8 +110,10 @@ class StoredRecord(NamedTuple):
     leader_epoch: int
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
+class BatchHeader(NamedTuple):
+    """A batch's header as stored. (A named tuple: every append, read and recovery parses
+    one per batch.)"""
+
     base_offset: int
     batch_length: int
     leader_epoch: int

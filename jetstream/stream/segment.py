@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from jetstream.errors import CorruptRecord, DiskFull
 from jetstream.stream import format as fmt
@@ -53,8 +54,10 @@ class Span:
     records: int
 
 
-@dataclass(frozen=True, slots=True)
-class BatchLocation:
+class BatchLocation(NamedTuple):
+    """Where a batch starts in the segment file, with its header. (A named tuple: each
+    append makes one.)"""
+
     position: int
     header: fmt.BatchHeader
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetstream.errors import ProtocolError
@@ -14,6 +14,7 @@ from jetstream.protocol.envelope import (
     MAGIC,
     AckPolicy,
     Envelope,
+    Published,
     decode_envelope,
     decode_published,
     encode_envelope,
@@ -136,28 +137,59 @@ def test_random_maps_after_the_magic_never_raise(fields: dict[str, Any]) -> None
     assert result is None or isinstance(result, Envelope)
 
 
-@given(st.dictionaries(envelope_keys, msgpack_values, max_size=8))
-def test_the_ingest_decoder_agrees_with_the_full_decoder(fields: dict[str, Any]) -> None:
-    """It answers exactly the envelopes of a value and a key alone, with what the full
-    decoder finds in them; anything else goes to the full decoder."""
+#: Envelopes of the fields the ingest decoder takes itself, each valid or not.
+published_maps = st.fixed_dictionaries(
+    {"value": st.none() | st.binary(max_size=8) | st.text(max_size=3)},
+    optional={
+        "key": st.none() | st.binary(max_size=8) | st.text(max_size=3),
+        "ack_inbox": st.sampled_from([None, "_INBOX.a.1", "a.b", "bad subject", "a.>", "",
+                                      7]),
+        "correlation_id": st.sampled_from([None, "c", "1" * 256, "1" * 257, 5]),
+        "ack_policy": st.sampled_from([None, "all", "leader", "none", "bogus", 1]),
+        "batch_ack": st.sampled_from([None, True, False, 1, "yes"]),
+    })
+
+
+def _agree(fields: dict[str, Any]) -> None:
     data = PREFIX + msgpack.packb(fields, use_bin_type=True)
     fast = decode_published(data)
     full = decode_envelope(data)
-    if isinstance(fast, tuple):
-        assert full is not None and fast == (full.value, full.key)
-        assert full == Envelope(full.value, full.key)  # nothing else was in it
-    else:  # the full decoder's answer: it held more (nil or unknown fields it drops)
+    if isinstance(fast, Published):
+        assert full is not None
+        assert fast == (full.value, full.key, full.ack_inbox, full.correlation_id,
+                        full.ack_policy, full.batch_ack)
+        assert full == Envelope(**fast._asdict())  # nothing else was in it
+    else:  # the full decoder's answer: it held more, or a field it refuses
         assert fast == full
         if full is not None:
-            assert set(fields) - {"value", "key"}
+            assert set(fields) - set(Published._fields)
+
+
+@given(st.dictionaries(envelope_keys, msgpack_values, max_size=8))
+def test_the_ingest_decoder_agrees_with_the_full_decoder(fields: dict[str, Any]) -> None:
+    """It answers the envelopes of the usual fields alone (value, key, ack inbox,
+    correlation id, ack policy, batch ack) with what the full decoder finds in them; anything
+    else goes to the full decoder."""
+    _agree(fields)
+
+
+@settings(max_examples=400)
+@given(published_maps)
+def test_the_ingest_decoder_refuses_what_the_envelope_refuses(fields: dict[str, Any]) -> None:
+    """The same, over the fields it takes itself, each valid or not: it never lets through
+    a field the Envelope refuses."""
+    _agree(fields)
 
 
 @given(st.none() | st.binary(max_size=50), st.none() | st.binary(max_size=30))
-def test_a_keyed_put_or_tombstone_takes_the_value_and_key_path(value: bytes | None,
-                                                               key: bytes | None) -> None:
-    assert decode_published(encode_envelope(value, key)) == (value, key)
-    assert decode_published(encode_envelope(value, key, correlation_id="c")) == Envelope(
-        value, key, correlation_id="c")
+def test_a_keyed_put_or_tombstone_takes_the_short_path(value: bytes | None,
+                                                       key: bytes | None) -> None:
+    assert decode_published(encode_envelope(value, key)) == Published(value, key)
+    assert decode_published(encode_envelope(value, key, correlation_id="c",
+                                            ack_inbox="_INBOX.x.1")) == Published(
+        value, key, "_INBOX.x.1", "c")
+    assert decode_published(encode_envelope(value, key, {"h": b"v"})) == Envelope(
+        value, key, {"h": b"v"})
     assert decode_published(PREFIX + b"\xc1") is None
 
 

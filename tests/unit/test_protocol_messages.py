@@ -579,3 +579,38 @@ def test_mirror_append_carries_its_batches_in_the_payload() -> None:
     with pytest.raises(ProtocolError) as bad:
         m.MirrorAppendRequest("orders", 1, "a:1/orders", "orders-dr", 12, "sometimes")
     assert bad.value.fields["field"] == "ack_policy"
+
+
+GOOD_ANSWER = ["s", 0, None, 15, 5, 20, 15, 2, 100]
+GOOD_CHANGE = ["s", 0, 15, 2, "", False]
+
+
+@pytest.mark.parametrize(("index", "value", "field"), [
+    (0, "s s", "stream"), (0, 7, "stream"), (1, -1, "partition"), (1, True, "partition"),
+    (3, -1, "high_watermark"), (3, 1.5, "high_watermark"), (4, -1, "log_start_offset"),
+    (5, "20", "log_end_offset"), (6, -1, "next_offset"), (7, -1, "leader_epoch"),
+    (8, -1, "length"), (8, 1 << 32, "length"),
+])
+def test_a_bad_session_answer_names_its_field(index: int, value: Any, field: str) -> None:
+    """Each field of an answer entry, wrong in turn (a well-formed entry passes a shorter
+    check first), is refused by name."""
+    assert m.ReplicaFetchResponse(1, [GOOD_ANSWER]).answers()[0].high_watermark == 15
+    entry = list(GOOD_ANSWER)
+    entry[index] = value
+    with pytest.raises(ProtocolError) as caught:
+        m.ReplicaFetchResponse(1, [entry]).answers()
+    assert caught.value.fields["field"] == field
+
+
+@pytest.mark.parametrize(("index", "value", "field"), [
+    (0, "", "stream"), (1, -1, "partition"), (2, -1, "offset"), (2, False, "offset"),
+    (3, -1, "leader_epoch"), (4, "x" * 17, "unfit"), (4, None, "unfit"), (5, 1, "verify"),
+])
+def test_a_bad_session_change_names_its_field(index: int, value: Any, field: str) -> None:
+    request = m.ReplicaFetchRequest(1, 0, 0, 500, 1 << 20, 1 << 20, [GOOD_CHANGE])
+    assert request.changed()[0].offset == 15
+    entry = list(GOOD_CHANGE)
+    entry[index] = value
+    with pytest.raises(ProtocolError) as caught:
+        m.ReplicaFetchRequest(1, 0, 0, 500, 1 << 20, 1 << 20, [entry]).changed()
+    assert caught.value.fields["field"] == field
