@@ -321,9 +321,10 @@ class PartitionFollower:
     def take_answer(self, answer: PartitionAnswer, payload: bytes
                     ) -> asyncio.Future[None] | None:
         """Begin with what the leader's session answered for this partition: append its
-        records from this log's end, unless the disk is above its high watermark. Returns
-        the future of an append that runs in a thread (fsync `always`), else None; either
-        way `end_answer` follows, with the append's failure (raised here or by the future).
+        records from this log's end, unless the disk is above its high watermark. The append
+        runs here; returns the future of its fsync, which runs in a thread (fsync `always`),
+        else None; either way `end_answer` follows, with the failure (raised here or by the
+        future).
         The fetcher waits for a whole answer's futures at once, with no task for each."""
         self._answered()
         full = self._disk_full()
@@ -332,10 +333,12 @@ class PartitionFollower:
         if self._appending is None:
             self._disk_standing.after_fetch(full, None)
             return None
-        if self.stream.fsync is FsyncPolicy.ALWAYS:
-            return self._append_and_sync(payload)
-        # Only a write to the page cache: on the loop, saving a thread hop per answer.
+        # Only a write to the page cache: on the loop, saving a thread hop per answer, and
+        # sparing the loop threads that would run Python beside it; what may block (an
+        # fsync) runs in a thread.
         self._append(payload)
+        if self.stream.fsync is FsyncPolicy.ALWAYS:
+            return self._sync_appended()
         self._sync_when_due()
         return None
 
@@ -427,15 +430,15 @@ class PartitionFollower:
         changed, self._hw_changed = self._hw_changed, asyncio.Event()
         changed.set()
 
-    def _append_and_sync(self, payload: bytes) -> asyncio.Future[None]:
-        """`_append` and its fsync, in a thread (batched with other followers' of this turn:
-        every append of a job lands before its first fsync)."""
+    def _sync_appended(self) -> asyncio.Future[None]:
+        """Under ALWAYS: the fsync of what `_append` just wrote, in a thread (batched with
+        the other followers' of this turn: one syncfs may stand in for their fsyncs)."""
         if self._appends is not None:
-            self._append_done = self._appends.call(partial(self._append, payload),
-                                                   then=self._make_durable, durable=self.log)
+            self._append_done = self._appends.call(nothing, then=self._make_durable,
+                                                   durable=self.log)
         else:
             self._append_done = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._append_durably, payload)
+                self._executor, self._make_durable)
         return self._append_done
 
     def _sync_when_due(self) -> None:
@@ -455,10 +458,6 @@ class PartitionFollower:
         if not done.cancelled() and done.exception() is not None:
             log.warning("%s: fsync failed (again with a later append): %s", self.name,
                         done.exception())
-
-    def _append_durably(self, payload: bytes) -> None:
-        self._append(payload)
-        self._make_durable()
 
     def _append(self, payload: bytes) -> None:
         """Append, without an fsync (`_make_durable` or `_sync_when_due` follows). A first
