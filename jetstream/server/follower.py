@@ -333,9 +333,9 @@ class PartitionFollower:
         if self._appending is None:
             self._disk_standing.after_fetch(full, None)
             return None
-        # Only a write to the page cache: on the loop, saving a thread hop per answer, and
-        # sparing the loop threads that would run Python beside it; what may block (an
-        # fsync) runs in a thread.
+        # Only a write to the page cache: on the loop. That saves a thread hop per answer and
+        # keeps Python off the IO threads, where it would compete with the loop for the
+        # interpreter; only the fsync, which blocks, runs in a thread.
         self._append(payload)
         if self.stream.fsync is FsyncPolicy.ALWAYS:
             return self._sync_appended()
