@@ -80,7 +80,8 @@ class AckPolicy(enum.StrEnum):
     NONE = "none"
 
 
-_POLICIES = frozenset(p.value for p in AckPolicy)
+#: Each ack policy by its wire name.
+_POLICIES = {p.value: p for p in AckPolicy}
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +167,7 @@ def _ack_policy(value: object) -> AckPolicy | None:
     if value is None or isinstance(value, AckPolicy):
         return value
     if isinstance(value, str) and value in _POLICIES:
-        return AckPolicy(value)
+        return _POLICIES[value]
     raise _bad("ack_policy", f"must be one of {sorted(_POLICIES)}, got {value!r}")
 
 
@@ -264,7 +265,6 @@ class Published(NamedTuple):
 
 _PUBLISHED_FIELDS = frozenset(("value", "key", "ack_inbox", "correlation_id", "ack_policy",
                                "batch_ack"))
-_POLICY_OF = {p.value: p for p in AckPolicy}
 
 
 def decode_published(payload: bytes | bytearray | memoryview) -> Published | Envelope | None:
@@ -292,9 +292,9 @@ def _published(body: dict[str, Any]) -> Published | None:
     if (value is None or type(value) is bytes) and (key is None or type(key) is bytes) and (
             inbox is None or (type(inbox) is str and names.is_subject(inbox, wildcards=False))
     ) and (corr is None or (type(corr) is str and len(corr) <= CORRELATION_ID_CHARS_MAX)) and (
-            policy is None or (type(policy) is str and policy in _POLICY_OF)) and (
+            policy is None or (type(policy) is str and policy in _POLICIES)) and (
             batch_ack is None or type(batch_ack) is bool):
-        return Published(value, key, inbox, corr, None if policy is None else _POLICY_OF[policy],
+        return Published(value, key, inbox, corr, None if policy is None else _POLICIES[policy],
                          bool(batch_ack))
     return None
 

@@ -136,7 +136,8 @@ class PartitionFollower:
         self._task: asyncio.Task[None] | None = None
         self._last_answer_s = self._started_s = time.monotonic()
         self._last_report_s = 0.0
-        self._append_done: asyncio.Future[None] | None = None
+        #: The fsync of the last append under `always`, running in a thread.
+        self._append_synced: asyncio.Future[None] | None = None
         #: Between `take_answer` and `end_answer`: whether the disk was full when an append
         #: began (None: no append).
         self._appending: bool | None = None
@@ -181,9 +182,9 @@ class PartitionFollower:
         self._wake_readers()
         await cancel_and_wait(self._task)
         self._task = None
-        for running in (self._append_done, self._sync_done):
+        for running in (self._append_synced, self._sync_done):
             if running is not None:
-                # An append still running in its thread must land before the next role (a
+                # An fsync still running in its thread must end before the next role (a
                 # leader starting its epoch at the LEO) touches the log.
                 with contextlib.suppress(Exception):
                     await running
@@ -434,12 +435,12 @@ class PartitionFollower:
         """Under ALWAYS: the fsync of what `_append` just wrote, in a thread (batched with
         the other followers' of this turn: one syncfs may stand in for their fsyncs)."""
         if self._appends is not None:
-            self._append_done = self._appends.call(nothing, then=self._make_durable,
+            self._append_synced = self._appends.call(nothing, then=self._make_durable,
                                                    durable=self.log)
         else:
-            self._append_done = asyncio.get_running_loop().run_in_executor(
+            self._append_synced = asyncio.get_running_loop().run_in_executor(
                 self._executor, self._make_durable)
-        return self._append_done
+        return self._append_synced
 
     def _sync_when_due(self) -> None:
         """Under INTERVAL: the fsync the interval calls for, in a thread, one at a time
