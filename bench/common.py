@@ -37,8 +37,19 @@ def percentile(samples: Sequence[float], p: float) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system) of the process and of its children: those running now
+    (a broker's worker processes) and those it has waited for."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+        if stat.parent.name == str(pid):
+            total += sum(int(f) for f in fields[11:15])
+        elif fields[1] == str(pid):
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 RESPONDER = """

@@ -1,22 +1,26 @@
 """One cleaning pass over one partition replica's log: the IO around the pure planner and
 rewrite rule.
 
-Theory of operation: given a plan (jetstream.compaction.planner), the pass reads the dirty
-segments to build the offset map (as many whole segments as `buffer_bytes` allows), then
-rewrites every sealed segment from the log start up to the map's end, group by group, each
-group into one `.cleaned` file swapped in crash-safely (jetstream.stream.cleaning) under the
-log's lock; the log goes on taking appends and reads meanwhile. Last it writes the cleaner
-checkpoint. Everything here runs in a worker thread: it reads and writes files and never
-touches the event loop. A corrupt batch raises CorruptRecord (the caller leaves that
-partition alone); segments that changed meanwhile raise SegmentsChanged (the caller plans
-again).
+Theory of operation: given a plan (jetstream.compaction.planner), a pass has three steps.
+`prepare` (on the log's owner) lists the sealed segments below the plan's bound and reads the
+cleaner checkpoint into a `PassJob` of plain values. `rewrite` (anywhere: the broker runs it
+in a worker process, so its Python loops never take the interpreter from the event loop)
+reads the dirty segments to build the offset map (as many whole segments as `buffer_bytes`
+allows), then rewrites every sealed segment from the log start up to the map's end, group by
+group, each group into one fsynced `.cleaned` file. `swap` (on the log's owner, in a thread)
+puts each file in place of the segments it replaces, crash-safely
+(jetstream.stream.cleaning) under the log's lock, and last writes the cleaner checkpoint; the
+log goes on taking appends and reads throughout. A corrupt batch raises CorruptRecord (the
+caller leaves that partition alone); segments that changed meanwhile raise SegmentsChanged
+(the caller plans again), and the cleaned files not swapped in are removed. `clean` runs the
+three in the calling thread.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +49,58 @@ class OffsetMapTooSmall(StorageError):
     `cleaner_buffer_bytes` (or lower the stream's segment size)."""
 
     code = "CLEANER_BUFFER_TOO_SMALL"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    """A sealed segment as a pass reads it: its file and what the planner knows of it."""
+
+    path: Path
+    info: SegmentInfo
+
+    @property
+    def next_offset(self) -> int:
+        return self.info.next_offset
+
+
+@dataclass(frozen=True, slots=True)
+class PassJob:
+    """Everything the rewrite needs, as plain values (it may run in a worker process)."""
+
+    directory: Path
+    #: The sealed segments the pass may read, oldest first.
+    segments: tuple[SegmentFile, ...]
+    first_dirty_offset: int
+    state: CleanerCheckpoint
+    config: CompactionConfig
+    buffer_bytes: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CleanedGroup:
+    """One `.cleaned` file and the base offsets of the segments it replaces."""
+
+    path: Path
+    replaces: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rewritten:
+    """What the rewrite wrote: swapped in afterwards, on the log's owner."""
+
+    end_offset: int
+    stats: PassStats
+    groups: tuple[CleanedGroup, ...]
+    checkpoint: CleanerCheckpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    job: PassJob
+    #: The segments the job names, by base offset: the swap checks they are still there.
+    segments: dict[int, Segment]
+    started: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,15 +158,15 @@ def read_batches(path: Path) -> Iterator[tuple[bytes, int, fmt.BatchHeader]]:
         os.close(fd)
 
 
-def build_offset_map(segments: list[Segment], first_dirty_offset: int,
+def build_offset_map(segments: Sequence[SegmentFile], first_dirty_offset: int,
                      budget_bytes: int) -> OffsetMap:
     """The offset map over the dirty segments, as many whole ones as fit."""
     offset_map = OffsetMap(budget_bytes)
     for segment in segments:
         if segment.next_offset <= first_dirty_offset:
             continue
-        keys = [info for buf, pos, header in read_batches(segment.log_path)
-                for info in _scan(buf, pos, header, segment)]
+        keys = [info for buf, pos, header in read_batches(segment.path)
+                for info in _scan(buf, pos, header, segment.path)]
         if not offset_map.add_segment(keys, segment.next_offset):
             break
     if offset_map.end_offset is None:
@@ -120,45 +176,86 @@ def build_offset_map(segments: list[Segment], first_dirty_offset: int,
 
 
 def _scan(buf: bytes, pos: int, header: fmt.BatchHeader,
-          segment: Segment) -> list[tuple[int, bytes | None, bool]]:
+          path: Path) -> list[tuple[int, bytes | None, bool]]:
     try:
         return scan_keys(buf, pos, header)
     except fmt.BatchFormatError as exc:
-        raise CorruptRecord(f"malformed batch in {segment.log_path}: {exc}",
-                            path=str(segment.log_path), position=pos) from exc
+        raise CorruptRecord(f"malformed batch in {path}: {exc}", path=str(path),
+                            position=pos) from exc
 
 
-def clean(log: Log, plan: CleaningPlan, config: CompactionConfig, buffer_bytes: int,
-          now_ms: int | None = None, hook: cleaning.StepHook | None = None) -> PassResult:
-    """Run one pass (see the module docstring)."""
+def prepare(log: Log, plan: CleaningPlan, config: CompactionConfig, buffer_bytes: int,
+            now_ms: int | None = None) -> Prepared:
+    """The pass's job: the sealed segments below the plan's bound, and the checkpoint."""
     started = time.monotonic()
     now = int(time.time() * 1000) if now_ms is None else now_ms
     state = cleaner_checkpoint.read(log.directory).reset_to(log.log_start_offset)
     sealed = [s for s in log.sealed_segments()
               if s.next_offset <= plan.first_uncleanable_offset]
-    first_dirty = max(state.first_dirty_offset, plan.first_dirty_offset)
-    if any(s.next_offset > first_dirty for s in sealed):
-        offset_map = build_offset_map(sealed, first_dirty, buffer_bytes)
+    job = PassJob(log.directory, tuple(SegmentFile(s.log_path, segment_info(s)) for s in sealed),
+                  max(state.first_dirty_offset, plan.first_dirty_offset), state, config,
+                  buffer_bytes, now)
+    return Prepared(job, {s.base_offset: s for s in sealed}, started)
+
+
+def rewrite(job: PassJob) -> Rewritten:
+    """Build the offset map and write the cleaned copy of each group of segments it covers,
+    as `.cleaned` files (removed again if the rewrite fails). Reads and writes files only:
+    it runs in a worker process."""
+    state, config = job.state, job.config
+    if any(s.next_offset > job.first_dirty_offset for s in job.segments):
+        offset_map = build_offset_map(job.segments, job.first_dirty_offset, job.buffer_bytes)
         assert offset_map.end_offset is not None
         end_offset = offset_map.end_offset
     else:  # nothing new: a pass over the clean part drops tombstones past their horizon
-        offset_map, end_offset = OffsetMap(buffer_bytes), first_dirty
+        offset_map, end_offset = OffsetMap(job.buffer_bytes), job.first_dirty_offset
     stats = PassStats()
-    keep = retention_rule(offset_map, state, now, config.delete_retention_ms, stats)
-    to_clean = [s for s in sealed if s.next_offset <= end_offset]
-    if not to_clean:
-        return PassResult(end_offset, stats, 0, 0, time.monotonic() - started, state)
-    by_base = {s.base_offset: s for s in to_clean}
-    groups = group_segments([segment_info(s) for s in to_clean], config.segment_bytes_max)
-    for group in groups:
-        replaced = [by_base[info.base_offset] for info in group]
-        batches = (item for segment in replaced for item in read_batches(segment.log_path))
-        path = cleaning.write_cleaned(log.directory, replaced[0].base_offset,
-                                      filter_batches(batches, keep, stats,
-                                                     now - config.duplicate_window_ms))
-        log.replace_segments(replaced, path, hook)
-    new_state = state.after_pass(end_offset, now, config.delete_retention_ms,
-                                 stats.new_tombstones > 0)
-    cleaner_checkpoint.write(log.directory, new_state)
-    return PassResult(end_offset, stats, len(to_clean), len(groups),
-                      time.monotonic() - started, new_state)
+    keep = retention_rule(offset_map, state, job.now_ms, config.delete_retention_ms, stats)
+    to_clean = [s for s in job.segments if s.next_offset <= end_offset]
+    written: list[CleanedGroup] = []
+    try:
+        by_base = {s.info.base_offset: s for s in to_clean}
+        for group in group_segments([s.info for s in to_clean], config.segment_bytes_max):
+            replaced = [by_base[info.base_offset] for info in group]
+            batches = (item for segment in replaced for item in read_batches(segment.path))
+            path = cleaning.write_cleaned(job.directory, group[0].base_offset,
+                                          filter_batches(batches, keep, stats,
+                                                         job.now_ms - config.duplicate_window_ms))
+            written.append(CleanedGroup(path, tuple(info.base_offset for info in group)))
+    except BaseException:
+        for group_written in written:
+            group_written.path.unlink(missing_ok=True)
+        raise
+    new_state = state.after_pass(end_offset, job.now_ms, config.delete_retention_ms,
+                                 stats.new_tombstones > 0) if to_clean else state
+    return Rewritten(end_offset, stats, tuple(written), new_state)
+
+
+def swap(log: Log, prepared: Prepared, rewritten: Rewritten,
+         hook: cleaning.StepHook | None = None) -> PassResult:
+    """Swap each cleaned file in for the segments it replaces, then write the checkpoint.
+    Raises SegmentsChanged (and removes the cleaned files not swapped in) when those segments
+    are no longer what the rewrite read."""
+    groups = list(rewritten.groups)
+    try:
+        while groups:
+            group = groups[0]
+            replaced = [prepared.segments[base] for base in group.replaces]
+            log.replace_segments(replaced, group.path, hook)
+            groups.pop(0)
+    except BaseException:
+        for left in groups:
+            left.path.unlink(missing_ok=True)
+        raise
+    if rewritten.groups:
+        cleaner_checkpoint.write(log.directory, rewritten.checkpoint)
+    return PassResult(rewritten.end_offset, rewritten.stats,
+                      sum(len(g.replaces) for g in rewritten.groups), len(rewritten.groups),
+                      time.monotonic() - prepared.started, rewritten.checkpoint)
+
+
+def clean(log: Log, plan: CleaningPlan, config: CompactionConfig, buffer_bytes: int,
+          now_ms: int | None = None, hook: cleaning.StepHook | None = None) -> PassResult:
+    """Run one pass in this thread (see the module docstring)."""
+    prepared = prepare(log, plan, config, buffer_bytes, now_ms)
+    return swap(log, prepared, rewrite(prepared.job), hook)

@@ -37,7 +37,7 @@ from types import MappingProxyType
 
 import lmdb
 
-from jetstream.errors import JetstreamError
+from jetstream.errors import JetstreamError, StorageError
 from jetstream.stream import format as fmt
 from jetstream.stream.format import StoredRecord
 from jetstream.stream.log import Log
@@ -112,6 +112,58 @@ def encode_entry(record: StoredRecord) -> bytes:
     return b"".join(parts)
 
 
+def newest_entries(data: bytes, min_offset: int) -> dict[bytes, tuple[int, bytes]]:
+    """LMDB key -> (offset, entry) of the newest record of each key in `data` (whole
+    batches whose CRCs were checked) at or past `min_offset`: what `encode_entry` gives for
+    the records `fmt.decode_batches` would decode, cut straight from the record bytes (an
+    entry's value and headers are laid out as in the record), and only for each key's
+    newest record. Raises BatchFormatError on a record that runs past its batch."""
+    found: dict[bytes, tuple[int, int, int]] = {}  # key -> (offset, timestamp, position)
+    unpack = fmt.RECORD_HEADER.unpack_from
+    header_size = fmt.RECORD_HEADER.size
+    for pos, header in fmt.iter_batches(data, verify=False):
+        if header.last_offset < min_offset:
+            continue
+        end = pos + header.size
+        base, first_ts, last_delta = (header.base_offset, header.first_timestamp,
+                                      header.last_offset_delta)
+        p = pos + fmt.BATCH_HEADER.size
+        for _ in range(header.record_count):
+            if p + header_size > end:
+                raise fmt.BatchFormatError("record header runs past the batch")
+            length, delta, ts_delta, key_len, _v, _s, _h = unpack(data, p)
+            if p + 4 + length > end or delta > last_delta:
+                raise fmt.BatchFormatError("record runs past the batch")
+            if key_len >= 0 and base + delta >= min_offset:  # later records replace earlier
+                found[data[p + header_size:p + header_size + key_len]] = (
+                    base + delta, first_ts + ts_delta, p)
+            p += 4 + length
+        if p != end:
+            raise fmt.BatchFormatError("batch length does not match its records")
+    out: dict[bytes, tuple[int, bytes]] = {}
+    for key, (offset, timestamp, p) in found.items():
+        length, _d, _t, key_len, value_len, subject_len, header_count = unpack(data, p)
+        value_at = p + header_size + key_len
+        tombstone = value_len == fmt.NULL_VALUE_LENGTH
+        value_end = value_at if tombstone else value_at + value_len
+        headers_at, rec_end = value_end + subject_len, p + 4 + length
+        if headers_at > rec_end or (headers_at == rec_end) != (header_count == 0):
+            raise fmt.BatchFormatError("record length does not match its fields")
+        hashed = key_len > SHORT_KEY_MAX
+        head = ENTRY.pack(offset, timestamp, (_TOMBSTONE if tombstone else 0) |
+                          (_HASHED if hashed else 0), key_len if hashed else 0,
+                          value_end - value_at, header_count)
+        if hashed:
+            out[_LONG + hashlib.blake2b(key, digest_size=32).digest()] = (
+                offset, b"".join((head, key, data[value_at:value_end], data[headers_at:rec_end])))
+        elif subject_len:
+            out[_SHORT + key] = (offset, b"".join(
+                (head, data[value_at:value_end], data[headers_at:rec_end])))
+        else:  # value and headers are contiguous
+            out[_SHORT + key] = (offset, head + data[value_at:rec_end])
+    return out
+
+
 def decode_entry(data: bytes) -> tuple[IndexEntry, bytes | None]:
     """The entry, and the full key when it is stored (hashed entries)."""
     offset, timestamp, flags, key_len, value_len, header_count = ENTRY.unpack_from(data)
@@ -170,6 +222,21 @@ class KeyIndex:
         return index
 
     @classmethod
+    def open_existing(cls, directory: Path, *, created_version: int,
+                      map_size_bytes: int = DEFAULT_MAP_SIZE_BYTES) -> KeyIndex:
+        """Open the index another process created (`open`) for writing beside it; never
+        wipes: raises StorageError when it is not there or of another version."""
+        if not (directory / "data.mdb").exists():
+            raise StorageError(f"no key index in {directory}", directory=str(directory))
+        index = cls._open_env(directory, map_size_bytes, None)
+        found = index._read_meta()
+        if found != (FORMAT_VERSION, created_version):
+            index.close()
+            raise StorageError(f"the key index in {directory} is {found}, not "
+                               f"{(FORMAT_VERSION, created_version)}", directory=str(directory))
+        return index
+
+    @classmethod
     def _open_env(cls, directory: Path, map_size_bytes: int, reason: str | None) -> KeyIndex:
         directory.mkdir(parents=True, exist_ok=True)
         # A cache of the log: not fsynced per write (sync/metasync off); see the docstring.
@@ -202,11 +269,16 @@ class KeyIndex:
         """Index `records` (committed, in offset order) and record that everything below
         `covered` is indexed. Replays are harmless: an older record never replaces a newer
         entry."""
-        entries, get, put = self._entries, None, None
         newest: dict[bytes, StoredRecord] = {}
         for record in records:  # in offset order: the last of a key is its newest
             if record.key is not None:
                 newest[record.key] = record
+        self.apply_entries({lmdb_key(key): (record.offset, encode_entry(record))
+                            for key, record in newest.items()}, covered)
+
+    def apply_entries(self, entries: Mapping[bytes, tuple[int, bytes]], covered: int) -> None:
+        """`apply` for entries encoded already: LMDB key -> (offset, entry), one per key."""
+        db = self._entries
         try:
             with self._env.begin(write=True) as txn:
                 get, put = txn.get, txn.put
@@ -214,14 +286,12 @@ class KeyIndex:
                 # Every entry names a record below the covered offset: records at or past it
                 # (a catch-up's) replace what they find without looking.
                 fresh = U64.unpack(raw)[0] if raw is not None else 0
-                for record in newest.values():
-                    assert record.key is not None
-                    key = lmdb_key(record.key)
-                    if record.offset < fresh:
-                        old = get(key, db=entries)
-                        if old is not None and ENTRY.unpack_from(old)[0] >= record.offset:
+                for key, (offset, entry) in entries.items():
+                    if offset < fresh:
+                        old = get(key, db=db)
+                        if old is not None and ENTRY.unpack_from(old)[0] >= offset:
                             continue
-                    put(key, encode_entry(record), db=entries)
+                    put(key, entry, db=db)
                 put(b"covered", U64.pack(covered), db=self._meta)
         except lmdb.MapFullError:
             raise KeyIndexFull(f"the key index in {self.directory} is full",
@@ -292,19 +362,26 @@ def remove(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def catch_up(index: KeyIndex, log_: Log, high_watermark: int) -> int:
-    """Index the log's committed records from the index's covered offset to the HW (a
-    worker thread). Returns the new covered offset."""
+def catch_up_from(index: KeyIndex, log_: Log, high_watermark: int) -> int:
+    """Where a catch-up to `high_watermark` starts: the index's covered offset (the log
+    start, if retention removed what it covers), after a reset when the index covers more
+    than the log holds committed."""
     if index.needs_rebuild(high_watermark):
         log.warning("%s: key index ahead of the log (lost tail): rebuilding", log_.directory)
         index.reset()
-    covered = max(index.covered_offset, log_.log_start_offset)
+    return max(index.covered_offset, log_.log_start_offset)
+
+
+def catch_up(index: KeyIndex, log_: Log, high_watermark: int) -> int:
+    """Index the log's committed records from the index's covered offset to the HW, in this
+    thread. Returns the new covered offset."""
+    covered = catch_up_from(index, log_, high_watermark)
     while covered < high_watermark:
         data, next_offset = log_.read_bytes(covered, CATCH_UP_READ_BYTES,
                                             upper_bound=high_watermark, skip_empty=True)
         if next_offset <= covered:
             break
         # read_bytes checked the bytes' CRCs (or knew them checked): no second pass here.
-        index.apply(fmt.decode_batches(data, min_offset=covered, verify=False), next_offset)
+        index.apply_entries(newest_entries(data, covered), next_offset)
         covered = next_offset
     return covered

@@ -22,6 +22,18 @@ class JetstreamError(Exception):
         """The wire form: code, message and the data fields."""
         return {"code": self.code, "message": str(self), **self.fields}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Worker processes hand errors back pickled: the message and the fields travel,
+        # whatever the subclass's __init__ takes.
+        return (_rebuilt, (type(self), str(self), dict(self.__dict__)))
+
+
+def _rebuilt(cls: type[JetstreamError], message: str, state: dict[str, Any]) -> JetstreamError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
 
 class InvalidConfig(JetstreamError):
     """A configuration value is missing, of the wrong type or out of its range."""

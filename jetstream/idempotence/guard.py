@@ -161,6 +161,16 @@ class Guard:
         if len(keys) > self.limits.keys_max:
             self._evict()
 
+    def keys_at(self, latest: Mapping[bytes, int]) -> None:
+        """`key_at` for each (key, offset) of `latest`, in its order (offsets growing)."""
+        keys = self.keys
+        pop = keys.pop
+        for key, offset in latest.items():
+            pop(key, None)
+            keys[key] = offset
+        if len(keys) > self.limits.keys_max:
+            self._evict()
+
     def learn_older_keys(self, older: Mapping[bytes, int], scanned_from: int,
                          scanned_to: int) -> bool:
         """The latest offset of each key in the records at [scanned_from, scanned_to), in
@@ -198,8 +208,8 @@ class Pass:
         self._ids: dict[str, int] = {}
         self._sequences: dict[str, tuple[int, int]] = {}  # producer -> (epoch, last sequence)
         self._stamps: list[tuple[str, int, int, int]] = []  # producer, epoch, sequence, offset
+        #: The latest offset of each key staged, in the order of those offsets.
         self._keys: dict[bytes, int] = {}
-        self._key_order: list[tuple[bytes, int]] = []
         self._registers: dict[str, str] | None = None
 
     @property
@@ -335,10 +345,12 @@ class Pass:
     def _stage_keys(self, keys: Sequence[bytes | None]) -> None:
         offset = self.next_offset
         if self._guard.track_keys:
+            staged = self._keys
+            pop = staged.pop
             for i, key in enumerate(keys):
                 if key is not None:
-                    self._keys[key] = offset + i
-                    self._key_order.append((key, offset + i))
+                    pop(key, None)  # to the end: the order stays that of the offsets
+                    staged[key] = offset + i
         self.next_offset = offset + len(keys)
 
     def commit(self) -> None:
@@ -348,8 +360,8 @@ class Pass:
             guard.ids.add_all(self._ids, now)
         for producer_id, epoch, sequence, offset in self._stamps:
             guard.producers.add(producer_id, epoch, sequence, offset, now)
-        for key, offset in self._key_order:
-            guard.key_at(key, offset)
+        if self._keys:
+            guard.keys_at(self._keys)
         if self._registers is not None:
             guard.registers = self._registers
 

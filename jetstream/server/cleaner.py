@@ -1,11 +1,13 @@
 """The broker's log cleaner: picks the filthiest compacted partition replica and cleans it in
-a worker thread, one pass at a time per thread.
+a worker process, one pass at a time per worker.
 
 Theory of operation: every `cleaner_backoff_ms` (and after each pass) the service builds a
 view of each compacted partition this broker holds — its sealed segments, active segment,
 high watermark (the leader's, or the one a follower last learned) and cleaner checkpoint —
-and asks the pure planner (jetstream.compaction.planner) for the next pass. Passes run on
-their own thread pool (`cleaner_threads`), never on the event loop, and never two on one
+and asks the pure planner (jetstream.compaction.planner) for the next pass. A pass's rewrite
+runs in one of `cleaner_threads` worker processes (jetstream.server.process_pool: its record
+loops in a thread would hold the interpreter lock the event loop needs), its short prepare
+and swap steps on a thread; never on the event loop, and never two passes on one
 partition. A pass that meets a corrupt batch logs it, counts it and leaves that partition
 alone until the broker restarts or the stream is updated; segments changed underneath a pass
 (retention, truncation) just make the planner look again. Leaders and followers clean their
@@ -23,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jetstream.compaction import checkpoint as cleaner_checkpoint
-from jetstream.compaction.cleaner import PassResult, clean, segment_info
+from jetstream.compaction.cleaner import PassResult, prepare, rewrite, segment_info, swap
 from jetstream.compaction.planner import CleaningPlan, PartitionView, choose, dirty_ratio
 from jetstream.errors import CorruptRecord, JetstreamError, LogClosed, SegmentsChanged
 from jetstream.raft_meta.model import StreamConfig
+from jetstream.server.process_pool import WorkerDied, WorkerProcesses
 from jetstream.stream.log import Log
 from jetstream.tasks import cancel_and_wait
 
@@ -92,7 +95,9 @@ class CleanerService:
         self._buffer_bytes = buffer_bytes
         self._backoff_s = backoff_ms / 1000
         self._executor: ThreadPoolExecutor | None = None
+        self._workers = WorkerProcesses(threads, "cleaner")
         self._task: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Future[None]] = set()
         self._running: set[Hashable] = set()
         self._wake = asyncio.Event()
         #: By partition key, (stream, partition).
@@ -107,10 +112,17 @@ class CleanerService:
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
+        # A pass in flight finishes (its swap is atomic either way); no new one starts.
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
+        await self._workers.close()
         if self._executor is not None:
-            # A pass in flight finishes (its swap is atomic either way); no new one starts.
             await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
             self._executor = None
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The cleaner's worker processes running now."""
+        return self._workers.pids
 
     def wake(self) -> None:
         self._wake.set()
@@ -124,6 +136,7 @@ class CleanerService:
                 continue
             if self._roll_if_idle(stream, log_, hw, now_ms):
                 self._rolled(key)
+            self._workers.start()
             state = self.partitions.setdefault(key, PartitionCleaning())
             if state.failed is not None and state.stream_config == stream:
                 continue  # left alone until the stream is updated (or a restart)
@@ -167,7 +180,7 @@ class CleanerService:
     # -- the loop ---------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        in_flight: set[asyncio.Future[None]] = set()
+        in_flight = self._in_flight
         while True:
             while len(in_flight) < self._threads:
                 now = wall_ms()
@@ -194,11 +207,18 @@ class CleanerService:
         state = self.partitions.setdefault(key, PartitionCleaning())
         loop = asyncio.get_running_loop()
         try:
-            result: PassResult = await loop.run_in_executor(
-                self._executor, clean, log_, plan, stream.compaction_config(),
+            prepared = await loop.run_in_executor(
+                self._executor, prepare, log_, plan, stream.compaction_config(),
                 self._buffer_bytes)
+            rewritten = await self._workers.run(rewrite, prepared.job)
+            result: PassResult = await loop.run_in_executor(
+                self._executor, swap, log_, prepared, rewritten)
         except (SegmentsChanged, LogClosed):
             return  # planned again on the next round
+        except WorkerDied as exc:
+            self.totals.errors += 1
+            log.error("%s: %s; the pass runs again", key, exc)
+            return
         except CorruptRecord as exc:
             self.totals.errors += 1
             state.failed = f"{exc.code}: {exc}"

@@ -4,9 +4,11 @@ their high watermarks, and the GET and KEYS handlers.
 Theory of operation: one task keeps every compacted replica's key index
 (jetstream.compaction.key_index, `<log dir>/keys.lmdb`) up to the replica's high watermark
 (the leader's, or what a follower last learned), never past it: each round reads the newly
-committed records from the log and applies them in a worker thread, one LMDB transaction per
-read. Rounds run every `key_index_interval_ms`, and at once when a read waits for an offset
-(`min_offset`: read-your-writes after a publish ack). An index that covers more than the log
+committed records from the log in an IO thread and applies them in the key index's worker
+process (jetstream.server.key_index_worker: indexing's per-record Python there never holds
+this process's interpreter lock), one LMDB transaction per read. Rounds run every
+`key_index_interval_ms`, and at once when a read waits for an offset (`min_offset`:
+read-your-writes after a publish ack). An index that covers more than the log
 holds committed (the log lost its unsynced tail in a crash) is reset and rebuilt from the
 log; one of another incarnation of the stream is wiped when opened. Lookups run on the event
 loop: an LMDB read is a few microseconds.
@@ -14,13 +16,15 @@ loop: an LMDB read is a few microseconds.
 Each index is an LMDB environment holding descriptors (`ENV_FILES`) and a mapping, so it is
 leased from the broker's pool of partition files (jetstream.stream.handles) for each use and
 counted in its budget: an index not used for a while is closed, and opened again (on the
-event loop for a lookup, in a worker thread for a catch-up) when it is next needed.
+event loop for a lookup, in an IO thread for a catch-up) when it is next needed. The worker
+process holds its own few open indexes, outside this process's descriptor budget.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -28,11 +32,18 @@ from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
-from jetstream.compaction.key_index import ENV_FILES, KeyIndex, catch_up
+from jetstream.compaction.key_index import (
+    CATCH_UP_READ_BYTES,
+    ENV_FILES,
+    KeyIndex,
+    catch_up_from,
+)
 from jetstream.errors import NotCompacted, OffsetNotIndexed, UnknownStream
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.epoch_fence import PartitionKey
+from jetstream.server.key_index_worker import index_read
+from jetstream.server.process_pool import WorkerProcesses
 from jetstream.server.roles import Roles
 from jetstream.stream.handles import HandlePool
 from jetstream.stream.log import Log
@@ -63,6 +74,7 @@ class KeyValue:
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._workers = WorkerProcesses(1, "key index")
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="key-index")
@@ -70,6 +82,7 @@ class KeyValue:
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
         self._task = None
+        await self._workers.close()
         for log_ in self._logs.values():
             self._pool.close(_lease_key(log_))
         self._logs.clear()
@@ -89,6 +102,7 @@ class KeyValue:
         for key, _stream, log_, hw in self._roles.replicas(
                 self._roles.streams_where(_compacted)):
             held.add(key)
+            self._workers.start()
             current = self._logs.get(key)
             if current is not log_:  # new, or its log was reopened: open its index afresh
                 if current is not None:
@@ -97,8 +111,7 @@ class KeyValue:
                     self._executor, self._use, key, log_, lambda i: i.covered_offset)
                 self._logs[key] = log_
             if self._covered.get(key, 0) != hw:
-                self._covered[key] = await loop.run_in_executor(
-                    self._executor, self._catch_up, key, log_, hw)
+                self._covered[key] = await self._catch_up(key, log_, hw)
         for key in set(self._logs) - held:
             self._pool.close(_lease_key(self._logs.pop(key)))
             self._covered.pop(key, None)
@@ -113,8 +126,26 @@ class KeyValue:
         with self._leased(key, log_) as index:
             return use(index)
 
-    def _catch_up(self, key: PartitionKey, log_: Log, high_watermark: int) -> int:
-        return self._use(key, log_, lambda index: catch_up(index, log_, high_watermark))
+    async def _catch_up(self, key: PartitionKey, log_: Log, high_watermark: int) -> int:
+        """Index the replica's committed records up to `high_watermark`: each read from the
+        log in an IO thread, indexed in the worker process. Returns the covered offset."""
+        loop = asyncio.get_running_loop()
+        covered = await loop.run_in_executor(
+            self._executor, self._use, key, log_,
+            lambda index: catch_up_from(index, log_, high_watermark))
+        directory = log_.directory / INDEX_DIRECTORY
+        while covered < high_watermark:
+            data, next_offset = await loop.run_in_executor(
+                self._executor, functools.partial(
+                    log_.read_bytes, covered, CATCH_UP_READ_BYTES, upper_bound=high_watermark,
+                    skip_empty=True))
+            if next_offset <= covered:
+                break
+            # read_bytes checked the bytes' CRCs (or knew them checked): no second pass.
+            await self._workers.run(index_read, directory, self._roles.log_version(key),
+                                    self._map_size, data, covered, next_offset)
+            covered = next_offset
+        return covered
 
     def _open(self, log_: Log, key: PartitionKey) -> KeyIndex:
         index = KeyIndex.open(log_.directory / INDEX_DIRECTORY,

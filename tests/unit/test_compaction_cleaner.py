@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetstream.compaction import checkpoint as cleaner_checkpoint
-from jetstream.compaction.cleaner import OffsetMapTooSmall, clean, read_batches
+from jetstream.compaction.cleaner import (
+    OffsetMapTooSmall,
+    clean,
+    prepare,
+    read_batches,
+    rewrite,
+    swap,
+)
 from jetstream.compaction.planner import CleaningPlan, CompactionConfig
 from jetstream.errors import CorruptRecord, SegmentsChanged
 from jetstream.idempotence.dedupe import GuardLimits
@@ -331,4 +338,48 @@ def test_a_read_past_a_batchs_kept_records_goes_on_to_the_next_segment(
     assert [r.offset for r in log.read_records(0)] == [0, 1]  # one segment per read
     # Offset 2 (c's first value) is gone; its batch still holds 0 and 1.
     assert [r.offset for r in log.read_records(2)] == [3, 4, 5]
+    log.close()
+
+
+def cleaned_files(log: Log) -> list[Path]:
+    return sorted(log.directory.glob("*.cleaned"))
+
+
+def test_segments_changed_between_rewrite_and_swap_leave_no_cleaned_file(
+        tmp_path: Path) -> None:
+    log = open_log(tmp_path, Clock(T0))
+    append(log, [(b"key-%d" % (i % 7), b"v" * 30) for i in range(900)])
+    before = everything(log)
+    config = CompactionConfig(segment_bytes_max=4096)
+    prepared = prepare(log, whole_plan(log), config, 1 << 20, now_ms=T0)
+    rewritten = rewrite(prepared.job)
+    assert len(rewritten.groups) >= 2 and len(cleaned_files(log)) == len(rewritten.groups)
+    cut = log.sealed_segments()[-1].base_offset
+    log.truncate_to(cut)  # the last group's segments are gone
+    with pytest.raises(SegmentsChanged):
+        swap(log, prepared, rewritten)
+    assert cleaned_files(log) == []
+    # The groups swapped in before it lost no latest value; the checkpoint did not move.
+    assert latest(everything(log)) == latest([r for r in before if r.offset < cut])
+    assert cleaner_checkpoint.read(log.directory).first_dirty_offset == 0
+    log.close()
+
+
+def test_a_rewrite_that_fails_midway_removes_what_it_wrote(tmp_path: Path) -> None:
+    log = open_log(tmp_path, Clock(T0))
+    append(log, [(b"key-%04d" % i, b"v" * 30) for i in range(400)])
+    run_pass(log, T0)  # everything so far is clean: the next pass maps only new segments
+    append(log, [(b"key-%04d" % i, b"w" * 30) for i in range(400)])
+    clean_part = [s for s in log.sealed_segments()
+                  if s.next_offset <= cleaner_checkpoint.read(log.directory).first_dirty_offset]
+    assert len(clean_part) >= 2
+    victim = clean_part[-1]  # in a later group than the first
+    data = bytearray(victim.log_path.read_bytes())
+    data[60] ^= 0xFF
+    victim.log_path.write_bytes(bytes(data))
+    prepared = prepare(log, whole_plan(log), CompactionConfig(segment_bytes_max=4096), 1 << 20,
+                       now_ms=T0)
+    with pytest.raises(CorruptRecord):
+        rewrite(prepared.job)
+    assert cleaned_files(log) == []
     log.close()

@@ -3,6 +3,7 @@ replays, long keys, paging, persistence, and damage or another stream version wi
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 
@@ -10,7 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jetstream.compaction.key_index import KEYS_LIMIT_MAX, KeyIndex, KeyIndexFull
+from jetstream.compaction.key_index import (
+    KEYS_LIMIT_MAX,
+    KeyIndex,
+    KeyIndexFull,
+    encode_entry,
+    lmdb_key,
+    newest_entries,
+)
+from jetstream.stream import format as fmt
 from jetstream.stream.format import NO_HEADERS, StoredRecord
 
 LONG = b"L" * 500  # over SHORT_KEY_MAX: stored hashed
@@ -59,6 +68,33 @@ def test_get_and_keys_follow_a_model(tmp_path_factory: pytest.TempPathFactory,
         assert index.covered_offset == len(records)
     finally:
         index.close()
+
+
+records_in_batches = st.lists(st.lists(
+    st.tuples(st.none() | keys, st.none() | st.binary(max_size=12),
+              st.dictionaries(st.text(max_size=3), st.binary(max_size=3), max_size=2),
+              st.sampled_from(["", "s.x"]), st.integers(0, 3)),
+    min_size=1, max_size=8), min_size=1, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches=records_in_batches, cut=st.integers(0, 60))
+def test_entries_cut_from_the_bytes_are_what_decoding_would_give(
+        batches: list[list[tuple[bytes | None, bytes | None, dict[str, bytes], str, int]]],
+        cut: int) -> None:
+    data, base = b"", 0
+    for batch in batches:
+        # Increasing offset deltas with gaps, as compaction leaves them.
+        deltas = [d - 1 for d in itertools.accumulate(gap + 1 for *_, gap in batch)]
+        data += fmt.encode_batch(base, 2, [fmt.Record(v, k, h, s, 1000 + base)
+                                           for k, v, h, s, _ in batch], 1000, deltas)
+        base += deltas[-1] + 1
+    newest: dict[bytes, StoredRecord] = {}
+    for record in fmt.decode_batches(data, min_offset=cut):
+        if record.key is not None:
+            newest[record.key] = record
+    assert newest_entries(data, cut) == {lmdb_key(key): (r.offset, encode_entry(r))
+                                         for key, r in newest.items()}
 
 
 def test_paging_with_after_and_limit(tmp_path: Path) -> None:
