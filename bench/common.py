@@ -36,16 +36,45 @@ def percentile(samples: Sequence[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))] if ordered else 0.0
 
 
+def _process_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name) of every process."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            yield int(stat.parent.name), stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+
+
+def children(pid: int) -> list[int]:
+    """The PIDs of the process's children running now."""
+    return [child for child, fields in _process_stats()
+            if fields[1] == str(pid) and fields[0] != "Z"]
+
+
+async def until_children(pid: int, count: int, deadline_s: float = 30.0) -> None:
+    """Wait until the process runs at least `count` children (a broker's worker processes,
+    started when it first holds a compacted partition) and they have settled: a baseline
+    taken while they start measures their start."""
+    started = time.monotonic()
+    while len(children(pid)) < count:
+        if time.monotonic() - started > deadline_s:
+            raise RuntimeError(f"process {pid} did not start {count} children")
+        await asyncio.sleep(0.05)
+    before = cpu_seconds(pid)
+    while time.monotonic() - started < deadline_s:  # settled: a quarter second nearly idle
+        await asyncio.sleep(0.25)
+        now = cpu_seconds(pid)
+        if now - before < 0.02:
+            return
+        before = now
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) of the process and of its children: those running now
     (a broker's worker processes) and those it has waited for."""
     total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited meanwhile
-        if stat.parent.name == str(pid):
+    for found, fields in _process_stats():
+        if found == pid:  # utime, stime, cutime, cstime
             total += sum(int(f) for f in fields[11:15])
         elif fields[1] == str(pid):
             total += int(fields[11]) + int(fields[12])

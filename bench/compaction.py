@@ -20,7 +20,8 @@ Theory of operation
   records/s and MB/s, bytes after/before. On the broker: time from the end of the puts to
   the first finished pass (segments of 4 MiB, `min_cleanable_dirty_ratio` 0.1).
 - Ingest latency with and without cleaning: sequential acked publishes to another stream of
-  the same broker while a pass runs over a large compacted partition, and once it is idle.
+  the same broker while a pass runs over a large compacted partition, and before the puts,
+  once the broker's worker processes have started and settled.
 - CPU: utime+stime of the broker and of nats-server per put and per get (/proc).
 
 Run from the repository root: `python -m bench.compaction [--quick] [--json]`. With
@@ -50,6 +51,7 @@ from bench.common import (
     cpu_seconds,
     no_op_responder,
     percentile,
+    until_children,
 )
 from bench.loadgen import publish_listed, responder
 from jetstream.compaction.cleaner import clean
@@ -77,7 +79,10 @@ class Plan:
 
 
 FULL = Plan(1_000_000, 10_000, 0.1, 20_000, 16, 1000, 2000)
-QUICK = Plan(200_000, 10_000, 0.1, 4000, 16, 1000, 500)
+QUICK = Plan(200_000, 10_000, 0.1, 4000, 16, 1000, 1000)
+#: A broker holding a compacted partition runs the cleaner's and the key index's worker
+#: processes, and multiprocessing's resource tracker.
+BROKER_CHILDREN = 3
 
 
 def workload(plan: Plan) -> list[tuple[bytes, bytes | None]]:
@@ -154,6 +159,7 @@ async def ours(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | None]
                                        min_cleanable_dirty_ratio=0.1)
                 await js.create_stream("probe", "probe.in", fsync="interval",
                                        ack_policy="leader")
+                await until_children(broker.pid, BROKER_CHILDREN)
                 idle = await probe_latencies(js, plan.probe_publishes)
                 cpu0 = cpu_seconds(broker.pid)
                 puts = await publish_listed(server.url, our_messages(data), plan.window, work)
