@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from jetstream.errors import JetstreamError, RecordTooLarge
 from jetstream.idempotence.guard import Admitted, Duplicate, Expectations, Pass
+from jetstream.idempotence.headers import MSG_ID, MSG_ID_CHARS_MAX
 from jetstream.protocol import ack as ack_codec
 from jetstream.protocol.ack import AckEncoder
 from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
@@ -73,9 +74,17 @@ def take_messages(msgs: list[NatsMsg], stream: StreamConfig, refuse_all: bool,
             headers, asks = NO_HEADERS, False
         elif envelope is None:
             value, key, corr, inbox = data, None, None, reply
-            headers = _nats_headers(nats_headers) if nats_headers else NO_HEADERS
             policy, batch_ack = default_policy, False
-            asks = bool(nats_headers)
+            if not nats_headers:
+                headers, asks = NO_HEADERS, False
+            elif len(nats_headers) == 1 and (msg_id := nats_headers.get(MSG_ID)) is not None:
+                # A NATS publisher's Nats-Msg-Id alone (what from_nats_headers would find).
+                headers = {MSG_ID: msg_id.encode()}
+                asks = not 0 < len(msg_id) <= MSG_ID_CHARS_MAX  # refused below, field named
+                if not asks:
+                    expect = msg_id
+            else:
+                headers, asks = _nats_headers(nats_headers), True
         else:
             value, key, corr = envelope.value, envelope.key, envelope.correlation_id
             inbox = envelope.ack_inbox or reply
@@ -122,6 +131,15 @@ def apply_verdicts(batch: IngestBatch, guard_pass: Pass) -> None:
     if expects is None:
         guard_pass.plain([r.key for r in batch.records])
         return
+    if all(e is None or type(e) is str for e in expects):
+        _apply_ids(batch, expects, guard_pass)
+        return
+    _apply_each(batch, expects, guard_pass)
+
+
+def _apply_each(batch: IngestBatch, expects: list[Expectations | str | None],
+                guard_pass: Pass) -> None:
+    """`apply_verdicts` of any batch, record by record."""
     by_index = {t[0]: t for t in batch.targets}
     records: list[Record] = []
     targets: list[Target] = []
@@ -154,6 +172,41 @@ def apply_verdicts(batch: IngestBatch, guard_pass: Pass) -> None:
             targets.append((len(records), *target[1:]))
         records.append(record)
     batch.records, batch.targets = records, targets
+
+
+def _apply_ids(batch: IngestBatch, expects: list[Expectations | str | None],
+               guard_pass: Pass) -> None:
+    """`apply_verdicts` of a batch whose only expectations are message ids (NATS publishers
+    setting Nats-Msg-Id): the same verdicts, and the batch is rebuilt only around
+    duplicates."""
+    records = batch.records
+    admit_id, plain = guard_pass.admit_id, guard_pass.plain
+    originals: dict[int, int] = {}  # record index -> the offset its id was stored at
+    for i, expect in enumerate(expects):
+        if expect is None:
+            plain([records[i].key])
+        else:
+            assert isinstance(expect, str)
+            original = admit_id(expect, records[i].key)
+            if original >= 0:
+                originals[i] = original
+    if not originals:
+        return
+    moved: dict[int, int] = {}  # index before -> index after
+    kept: list[Record] = []
+    for i, record in enumerate(records):
+        if i not in originals:
+            moved[i] = len(kept)
+            kept.append(record)
+    targets: list[Target] = []
+    for target in batch.targets:
+        i = target[0]
+        if i in originals:
+            batch.duplicates.append((target[1], target[2], target[3], originals[i],
+                                     records[i].subject))
+        else:
+            targets.append((moved[i], *target[1:]))
+    batch.records, batch.targets = kept, targets
 
 
 def _nats_headers(headers: dict[str, str] | None) -> dict[str, bytes]:

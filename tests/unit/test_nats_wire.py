@@ -239,6 +239,25 @@ def test_header_blocks(block: bytes, expected: dict[str, str]) -> None:
     assert parse_headers(block) == expected
 
 
+id_blocks = st.builds(
+    lambda name, sep, value, extra: b"NATS/1.0\r\n" + name + sep + value + b"\r\n" + extra
+    + b"\r\n",
+    st.sampled_from([b"Nats-Msg-Id", b"nats-msg-id", b"Nats-Msg-Id ", b"Nats-Msg-IdX"]),
+    st.sampled_from([b":", b": ", b":\t", b""]),
+    st.binary(max_size=12) | st.text(max_size=8).map(str.encode)
+    | st.sampled_from([b" id ", b"\x1fid\x1c"]),  # str.strip takes \x1c-\x1f, bytes' not
+    st.sampled_from([b"", b"K: v\r\n"]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(block=id_blocks)
+def test_a_message_id_block_reads_as_parse_headers_reads_it(block: bytes) -> None:
+    parser = NatsParser()
+    parser.feed(encode_msg("s.in", "1", "_INBOX.x", b"payload", block))
+    [(_, [(_, _, headers, data)], _)] = parser.take_messages()
+    assert (headers, data) == (parse_headers(block), b"payload")
+
+
 def test_hmsg_with_status_and_no_payload() -> None:
     parser = NatsParser()
     parser.feed(encode_msg("_INBOX.x", "9", None, b"", b"NATS/1.0 503\r\n\r\n"))
