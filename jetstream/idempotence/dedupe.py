@@ -25,7 +25,7 @@ path agree on what has expired.
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -54,18 +54,21 @@ class GuardLimits:
 
 
 class IdWindow:
-    """Message id -> (offset, timestamp) of every id stored within the window, oldest first."""
+    """Message id -> offset of every id stored within the window, oldest first, and the
+    time of each add: an id expires with the add that stored it."""
 
     def __init__(self, limits: GuardLimits) -> None:
         self.limits = limits
-        self._ids: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
+        self._ids: collections.OrderedDict[str, int] = collections.OrderedDict()
+        #: (first offset, timestamp) of each add, oldest first (one per timestamp): the ids
+        #: from that offset on were stored at that time or later.
+        self._adds: collections.deque[tuple[int, int]] = collections.deque()
+        #: The offset `msg_id` was stored at, or None: the dict's own lookup (ingest asks
+        #: once per publish with an id).
+        self.offset_of: Callable[[str], int | None] = self._ids.get
 
     def __len__(self) -> int:
         return len(self._ids)
-
-    def offset_of(self, msg_id: str) -> int | None:
-        found = self._ids.get(msg_id)
-        return None if found is None else found[0]
 
     def add(self, msg_id: str, offset: int, timestamp_ms: int) -> None:
         """Remember `msg_id` stored at `offset` (offsets only grow)."""
@@ -74,21 +77,37 @@ class IdWindow:
     def add_all(self, staged: Mapping[str, int], timestamp_ms: int) -> None:
         """Remember every (message id -> offset) of `staged`, in its order (offsets only
         grow), the oldest forgotten past `ids_max`."""
+        if not staged:
+            return
         ids = self._ids
         if not ids.keys().isdisjoint(staged):  # stored twice: only past the window; the newest
             for msg_id in staged:
                 ids.pop(msg_id, None)
-        ids.update((msg_id, (offset, timestamp_ms)) for msg_id, offset in staged.items())
-        for _ in range(len(ids) - self.limits.ids_max):
-            ids.popitem(last=False)
+        ids.update(staged)
+        adds = self._adds
+        if not adds or adds[-1][1] != timestamp_ms:
+            adds.append((next(iter(staged.values())), timestamp_ms))
+        excess = len(ids) - self.limits.ids_max
+        if excess > 0:
+            for _ in range(excess):
+                ids.popitem(last=False)
+            front = ids[next(iter(ids))] if ids else None
+            while len(adds) > 1 and (front is None or adds[1][0] <= front):
+                adds.popleft()
 
     def expire(self, now_ms: int) -> None:
         """Forget ids whose records are older than the window."""
         oldest = now_ms - self.limits.duplicate_window_ms
-        ids = self._ids
+        adds, ids = self._adds, self._ids
+        while adds and adds[0][1] < oldest:
+            adds.popleft()
+        if not adds:
+            ids.clear()
+            return
+        kept_from = adds[0][0]
         while ids:
-            _first, (_offset, timestamp) = next(iter(ids.items()))
-            if timestamp >= oldest:
+            first = next(iter(ids))
+            if ids[first] >= kept_from:
                 return
             ids.popitem(last=False)
 

@@ -280,7 +280,14 @@ class NatsParser:
                     data = buf[start:end]
                     headers = None
                 elif op == OP_HMSG:
-                    subject, sid, reply, hdr_size, size = self._hmsg_fields(args)
+                    if len(args) == 6 and "" not in args:  # the usual one: with a reply
+                        _, subject, sid, reply, hdr_text, size_text = args
+                        hdr_size, size = int(hdr_text), int(size_text)
+                        if not 0 <= hdr_size <= size or size - hdr_size > payload_max or \
+                                size > payload_max + self.headers_bytes_max:
+                            self._hmsg_fields(args)  # raises, naming what is wrong
+                    else:
+                        subject, sid, reply, hdr_size, size = self._hmsg_fields(args)
                     start = eol + 2
                     end = start + size
                     if end + 2 > n:

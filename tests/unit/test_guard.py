@@ -22,7 +22,7 @@ from jetstream.errors import (
     RegisterMismatch,
 )
 from jetstream.idempotence import headers as h
-from jetstream.idempotence.dedupe import GuardLimits
+from jetstream.idempotence.dedupe import GuardLimits, IdWindow
 from jetstream.idempotence.guard import (
     KEY_ABSENT,
     Admitted,
@@ -465,3 +465,51 @@ def test_a_key_expectation_before_the_older_keys_are_learned_is_not_judged(
     p = rebuilt.begin(log.log_end_offset, log.log_start_offset, clock.now)
     assert isinstance(p.admit(Expectations(expected_key_offset=59), [b"k5"]), Admitted)
     log.close()
+
+
+class IdsModel:
+    """The id window as its docstring states it: each id with the time it was stored,
+    forgotten once older than the window or past the count, oldest first."""
+
+    def __init__(self, limits: GuardLimits) -> None:
+        self.limits = limits
+        self.ids: dict[str, tuple[int, int]] = {}
+
+    def add_all(self, staged: Mapping[str, int], timestamp_ms: int) -> None:
+        for msg_id, offset in staged.items():
+            self.ids.pop(msg_id, None)
+            self.ids[msg_id] = (offset, timestamp_ms)
+        while len(self.ids) > self.limits.ids_max:
+            del self.ids[next(iter(self.ids))]
+
+    def expire(self, now_ms: int) -> None:
+        while self.ids and next(iter(self.ids.values()))[1] < now_ms - \
+                self.limits.duplicate_window_ms:
+            del self.ids[next(iter(self.ids))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(st.tuples(st.lists(st.sampled_from("abcdefgh"), max_size=4),
+                                st.sampled_from([0, 1, 10, 25, 49, 50, 51]), st.booleans()),
+                      max_size=40),
+       ids_max=st.integers(1, 6))
+def test_the_id_window_follows_its_model(steps: list[tuple[list[str], int, bool]],
+                                         ids_max: int) -> None:
+    limits = GuardLimits(duplicate_window_ms=50, ids_max=ids_max)
+    window, model = IdWindow(limits), IdsModel(limits)
+    offset, now = 0, T0
+    for names, elapsed, expire in steps:
+        now += elapsed  # the clock never goes back
+        staged = {}
+        for name in names:
+            staged.pop(name, None)
+            staged[name] = offset
+            offset += 1
+        window.add_all(staged, now)
+        model.add_all(staged, now)
+        if expire:
+            window.expire(now)
+            model.expire(now)
+        assert len(window) == len(model.ids)
+        assert {n: window.offset_of(n) for n in "abcdefgh"} == {
+            n: model.ids[n][0] if n in model.ids else None for n in "abcdefgh"}

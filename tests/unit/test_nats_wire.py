@@ -311,9 +311,10 @@ def test_info_sets_the_payload_limit() -> None:
     b"HMSG a 1 -1 10\r\n",
     b"MSG a 1 -1\r\n",
 ])
-def test_hmsg_limits(line: bytes) -> None:
-    with pytest.raises(NatsProtocolError):
-        NatsParser().feed(line)
+@pytest.mark.parametrize("reply", [b"", b" _INBOX.r"])
+def test_hmsg_limits(line: bytes, reply: bytes) -> None:
+    with pytest.raises(NatsProtocolError):  # with a reply subject: read inline, same checks
+        NatsParser().feed(line.replace(b" 1 ", b" 1" + reply + b" ", 1))
 
 
 def test_large_headers_within_max_payload_are_fine() -> None:
