@@ -218,8 +218,8 @@ def _check_policy(policy: object, fail: _Fail) -> AckPolicy:
 
 class AckEncoder:
     """Single acks of one partition at ingest speed: the same bytes as `encode_ack`, with the
-    fixed parts built once and the subjects' JSON cached, and no argument checks (the broker
-    passes offsets it assigned and subjects NATS delivered)."""
+    fixed parts built once and each (subject, policy)'s tail cached, and no argument checks
+    (the broker passes offsets it assigned and subjects NATS delivered)."""
 
     SUBJECTS_CACHED_MAX = 4096
 
@@ -228,16 +228,24 @@ class AckEncoder:
         self.stream = stream
         self.partition = partition
         self._prefix = (f'{{"stream":{json.dumps(stream)},"partition":{partition},'
-                        '"offset":')
-        self._subjects: dict[str, str] = {}
+                        '"offset":').encode()
+        #: (subject, policy) -> the ack after its offset, correlation id null.
+        self._tails: dict[tuple[str, AckPolicy], bytes] = {}
 
     def encode(self, offset: int, subject: str, correlation_id: str | None,
                ack_policy: AckPolicy) -> bytes:
-        subject_json = self._subjects.get(subject)
-        if subject_json is None:
-            if len(self._subjects) >= self.SUBJECTS_CACHED_MAX:
-                self._subjects.clear()
-            subject_json = self._subjects[subject] = json.dumps(subject)
+        if correlation_id is None:
+            tail = self._tails.get((subject, ack_policy))
+            if tail is None:
+                if len(self._tails) >= self.SUBJECTS_CACHED_MAX:
+                    self._tails.clear()
+                tail = self._tails[subject, ack_policy] = self._tail(subject, None, ack_policy)
+        else:
+            tail = self._tail(subject, correlation_id, ack_policy)
+        return b"%s%d%s" % (self._prefix, offset, tail)
+
+    @staticmethod
+    def _tail(subject: str, correlation_id: str | None, ack_policy: AckPolicy) -> bytes:
         cid = "null" if correlation_id is None else json.dumps(correlation_id)
-        return (f'{self._prefix}{offset},"subject":{subject_json},"correlation_id":{cid},'
+        return (f',"subject":{json.dumps(subject)},"correlation_id":{cid},'
                 f'"ack_policy":"{ack_policy.value}"}}').encode()

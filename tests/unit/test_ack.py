@@ -16,6 +16,7 @@ from jetstream.protocol.ack import (
     ACK_BYTES_MAX,
     ACK_ENTRIES_MAX,
     Ack,
+    AckEncoder,
     ErrorAck,
     decode_ack,
     encode_ack,
@@ -39,6 +40,16 @@ def test_single_round_trip(stream: str, partition: int, offset: int, subject: st
                            correlation_id: str | None, policy: AckPolicy) -> None:
     data = encode_ack(stream, partition, offset, subject, correlation_id, policy)
     assert decode_ack(data) == [Ack(stream, partition, offset, correlation_id, policy, subject)]
+
+
+@given(streams, partitions, st.lists(st.tuples(offsets, st.sampled_from(["a.b", "c", "a.b.é"]),
+                                               correlation_ids, policies), max_size=20))
+def test_the_broker_encoder_writes_what_encode_ack_writes(
+        stream: str, partition: int,
+        acks: list[tuple[int, str, str | None, AckPolicy]]) -> None:
+    encoder = AckEncoder(stream, partition)  # its cache carries over from ack to ack
+    for ack in acks:
+        assert encoder.encode(*ack) == encode_ack(stream, partition, *ack)
 
 
 @given(streams, partitions, policies,
