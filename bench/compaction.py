@@ -9,13 +9,18 @@ Theory of operation
   `interval`; NATS KV is a bucket (history 1, file storage, its default fsync) written on
   `$KV.<bucket>.<key>`, a delete with the header `KV-Operation: DEL`. Same durability: both
   ack once the leader stored it, neither fsyncs per put.
-- Gets: our client's `get` (socket API, key index) against nats-py `kv.get` (a request to
-  the stream's direct-get or last-message API), one at a time (p50/p99) and from
-  `concurrency` tasks at once (gets/s), on random keys.
+- Gets, on random keys: latency one at a time (p50/p99) through each side's client, ours
+  `get` (socket API, key index) and nats-py `kv.get` (the bucket allows direct gets: a
+  request for the last message on the key's subject); throughput (gets/s) from the
+  compiled generator with `concurrency` requests unanswered on one connection: GET frames
+  to our broker's socket API (`--protocol frames`), and to nats-server the direct-get
+  requests nats-py's `kv.get` sends (`$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`).
 - The load generators: for puts, the same compiled generator sending our messages to its
-  no-op responder through core NATS; for gets, nats-py requests to a no-op responder from
-  `concurrency` tasks. Each must run at least twice the rate of what it measures, or the
-  figures measure the client.
+  no-op responder through core NATS; for gets, requests that nats-server answers itself as
+  it answers a direct get (to a subject no one subscribes to: "no responders"), and GET
+  frames to the generator's frames responder, which answers each with an empty response.
+  Each must run at least twice the rate of what it measures, or the figures measure the
+  generator.
 - The cleaner, in process on a log built from the same data (segments of 64 MiB): one pass,
   records/s and MB/s, bytes after/before. On the broker: time from the end of the puts to
   the first finished pass (segments of 4 MiB, `min_cleanable_dirty_ratio` 0.1).
@@ -49,15 +54,24 @@ from bench.common import (
     Message,
     bench_main,
     cpu_seconds,
-    no_op_responder,
     percentile,
     until_children,
 )
-from bench.loadgen import publish_listed, responder
+from bench.loadgen import (
+    LoadResult,
+    frames_responder,
+    publish_listed,
+    request_frames,
+    request_listed,
+    responder,
+)
 from jetstream.compaction.cleaner import clean
 from jetstream.compaction.planner import CleaningPlan, CompactionConfig
 from jetstream.natsd import NatsServer
+from jetstream.protocol.codec import encode_request
 from jetstream.protocol.envelope import encode_envelope
+from jetstream.protocol.frames import Kind, Op, encode_frame, hello_request
+from jetstream.protocol.kv import GetRequest
 from jetstream.server.process import BrokerProcess
 from jetstream.stream import format as fmt
 from jetstream.stream.config import FsyncPolicy, LogConfig, MiB
@@ -92,25 +106,35 @@ def workload(plan: Plan) -> list[tuple[bytes, bytes | None]]:
             for _ in range(plan.records)]
 
 
-async def timed_gets(get: Callable[[bytes], Awaitable[object]], keys: Sequence[bytes],
-                     concurrency: int) -> JsonObject:
-    """One at a time for latencies, then `concurrency` tasks for throughput."""
+async def get_latencies(get: Callable[[bytes], Awaitable[object]], keys: Sequence[bytes]
+                        ) -> JsonObject:
+    """One get at a time through a client: its latencies."""
     latencies = []
     for key in keys:
         started = time.perf_counter()
         await get(key)
         latencies.append(time.perf_counter() - started)
-    queue = list(keys)
-
-    async def worker() -> None:
-        while queue:
-            await get(queue.pop())
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
     return {"get_p50_ms": percentile(latencies, 50) * 1000,
-            "get_p99_ms": percentile(latencies, 99) * 1000,
-            "gets_per_s": len(keys) / (time.perf_counter() - started)}
+            "get_p99_ms": percentile(latencies, 99) * 1000}
+
+
+def get_frames(keys: Sequence[bytes]) -> tuple[bytes, list[bytes]]:
+    """The HELLO and a GET request frame per key, for the compiled generator."""
+    hello = encode_frame(0, Kind.REQUEST, Op.HELLO, hello_request("bench-compaction"))
+    return hello, [encode_request(0, GetRequest(STREAM, 0, key)) for key in keys]
+
+
+def direct_gets(keys: Sequence[bytes]) -> list[Message]:
+    """NATS KV's get of each key as the request a NATS client sends: a direct get of the
+    last message on the key's subject (what nats-py's `kv.get` asks for)."""
+    return [(f"$JS.API.DIRECT.GET.KV_{BUCKET}.$KV.{BUCKET}.{key.decode()}", b"", None)
+            for key in keys]
+
+
+def throughput(result: LoadResult, cpu_s: float) -> JsonObject:
+    return {"gets_per_s": result.msgs_per_s,
+            "gets_concurrent_p50_ms": result.histogram.value_at(50) / 1e6,
+            "cpu_us_per_get": cpu_s / result.messages * 1e6}
 
 
 # -- the sides -------------------------------------------------------------------------------
@@ -170,10 +194,12 @@ async def ours(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | None]
                 last = await js.publish(SUBJECT, VALUE, key=keys[0])
                 assert last is not None
                 await js.get(STREAM, keys[0], min_offset=last.offset, wait_ms=60_000)
+                gets = await get_latencies(lambda k: js.get(STREAM, k), keys)
+                hello, requests = get_frames(keys)
                 cpu0 = cpu_seconds(broker.pid)
-                gets = await timed_gets(lambda k: js.get(STREAM, k), keys, plan.concurrency)
-                gets["cpu_us_per_get"] = (cpu_seconds(broker.pid) - cpu0) / (
-                    2 * plan.gets) * 1e6
+                result = await request_frames(broker.address, hello, requests,
+                                              plan.concurrency, work)
+                gets |= throughput(result, cpu_seconds(broker.pid) - cpu0)
         finally:
             broker.stop()
     return {**puts, **gets, "time_to_first_clean_s": first_pass_s,
@@ -188,7 +214,7 @@ async def nats_kv(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | No
         nc = await nats.connect(server.url)
         try:
             js = nc.jetstream()
-            kv = await js.create_key_value(bucket=BUCKET, history=1)
+            kv = await js.create_key_value(bucket=BUCKET, history=1, direct=True)
             cpu0 = cpu_seconds(server.pid)
             puts = await publish_listed(server.url, kv_messages(data), plan.window, work)
             puts["cpu_us_per_put"] = (cpu_seconds(server.pid) - cpu0) / plan.records * 1e6
@@ -199,9 +225,10 @@ async def nats_kv(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | No
                 except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
                     return None
 
+            gets = await get_latencies(get, keys)
             cpu0 = cpu_seconds(server.pid)
-            gets = await timed_gets(get, keys, plan.concurrency)
-            gets["cpu_us_per_get"] = (cpu_seconds(server.pid) - cpu0) / (2 * plan.gets) * 1e6
+            result = await request_listed(server.url, direct_gets(keys), plan.concurrency, work)
+            gets |= throughput(result, cpu_seconds(server.pid) - cpu0)
         finally:
             await nc.close()
     return {**puts, **gets}
@@ -209,22 +236,22 @@ async def nats_kv(work: Path, plan: Plan, data: Sequence[tuple[bytes, bytes | No
 
 async def generator_ceiling(work: Path, plan: Plan,
                             data: Sequence[tuple[bytes, bytes | None]]) -> JsonObject:
-    """The put generator and the request loop against no-op responders on core NATS."""
+    """The compiled generator against no-op peers: the puts through core NATS to its
+    responder; the gets as requests nats-server answers itself, as it answers a direct get
+    (no one subscribes to their subject: it replies "no responders"), and the GET frames to
+    its frames responder."""
+    keys = [key for key, _ in data[:plan.gets]]
     sink = [("sink.put", payload, headers) for _, payload, headers in our_messages(data)]
     with NatsServer(work / "nats-core") as server:
         with responder(server.url, "sink.put"):
             puts = await publish_listed(server.url, sink, plan.window, work)
-        with no_op_responder(server.url, "sink.get"):
-            nc = await nats.connect(server.url)
-
-            async def get(key: bytes) -> object:
-                return await nc.request("sink.get", key, timeout=10)
-
-            try:
-                gets = await timed_gets(get, [b"k"] * plan.gets, plan.concurrency)
-            finally:
-                await nc.close()
-    return {"puts_per_s": puts["puts_per_s"], "gets_per_s": gets["gets_per_s"]}
+        nats_gets = await request_listed(server.url, [("sink.none", b"", None)] * len(keys),
+                                         plan.concurrency, work)
+    with frames_responder() as address:
+        frame_gets = await request_frames(address, *get_frames(keys), plan.concurrency, work)
+    return {"puts_per_s": puts["puts_per_s"], "nats_gets_per_s": nats_gets.msgs_per_s,
+            "frame_gets_per_s": frame_gets.msgs_per_s,
+            "gets_per_s": min(nats_gets.msgs_per_s, frame_gets.msgs_per_s)}
 
 
 def cleaner_in_process(work: Path, data: Sequence[tuple[bytes, bytes | None]]) -> JsonObject:
@@ -297,7 +324,7 @@ def table(r: JsonObject) -> str:
         (f"ingest p99 while cleaning / idle: {o['ingest_p99_ms_cleaning']:.2f} / "
         f"{o['ingest_p99_ms_idle']:.2f} ms = {r['ingest_p99_ratio_cleaning']:.2f} "
         "(target <= 1.2)"),
-        (f"load generator headroom (core NATS no-op / best measured): puts "
+        (f"load generator headroom (no-op peers / best measured): puts "
         f"{r['generator_put_headroom']:.2f}x, gets {r['generator_get_headroom']:.2f}x "
         "(>= 2 needed)"),
     ]

@@ -112,6 +112,9 @@ class Load:
     timeout_s: float = 60.0
     messages: Path | None = None
     tls: LoadTls | None = None
+    #: Requests to a broker's socket API (`url`: its address) instead of NATS: `messages`
+    #: holds whole frames, the HELLO first (`write_frames`).
+    frames: bool = False
 
     def __post_init__(self) -> None:
         if (self.count is None) == (self.duration_s is None):
@@ -122,6 +125,9 @@ class Load:
             raise ValueError("inflight, conns and processes are at least 1")
         if self.messages is not None and self.stamp:
             raise ValueError("listed messages carry no send time")
+        if self.frames and (self.messages is None or self.tls is not None or
+                            self.rate is not None):
+            raise ValueError("a load of frames is a list of them, without TLS or a rate")
 
     @property
     def total_inflight(self) -> int:
@@ -149,6 +155,8 @@ def command(binary: Path, url: str, load: Load, process: int, start_at_ns: int) 
         args.append("--stamp")
     if load.tls is not None:
         args += load.tls.args()
+    if load.frames:
+        args += ["--protocol", "frames"]
     return args
 
 
@@ -168,6 +176,12 @@ def write_messages(path: Path,
                       + block + struct.pack(">I", len(payload)) + payload)
             count += 1
     return count
+
+
+def write_frames(path: Path, hello: bytes, requests: Iterable[bytes]) -> int:
+    """Write the HELLO frame and request frames (each with any correlation id: the generator
+    sets its own) as a `--messages` file for `Load.frames`. Returns the requests written."""
+    return write_messages(path, (("frame", frame, None) for frame in (hello, *requests))) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,11 +262,11 @@ async def run_load(url: str, load: Load) -> LoadResult:
     return merge_runs(runs, load.size)
 
 
-async def publish_listed(url: str, messages: Sequence[tuple[str, bytes, Mapping[str, str] | None]],
-                         window: int, work: Path) -> dict[str, Any]:
-    """`messages` in order on one connection, at most `window` un-acked (a file of them is
-    written in `work`): rate, ack latency, errors (acks saying "error") and the generator's
-    CPU per message. Raises RuntimeError when not every message was acknowledged."""
+async def request_listed(url: str, messages: Sequence[tuple[str, bytes, Mapping[str, str] | None]],
+                         window: int, work: Path) -> LoadResult:
+    """`messages` as requests through NATS, in order on one connection, at most `window`
+    unanswered (a file of them is written in `work`). Raises RuntimeError when not every
+    request was answered."""
     path = work / "listed-messages"
     write_messages(path, messages)
     size = sum(len(payload) for _, payload, _ in messages) // max(len(messages), 1)
@@ -261,9 +275,50 @@ async def publish_listed(url: str, messages: Sequence[tuple[str, bytes, Mapping[
     path.unlink()
     if result.timed_out or result.acked != len(messages):
         raise RuntimeError(f"{result.acked} of {len(messages)} messages acknowledged")
+    return result
+
+
+async def publish_listed(url: str, messages: Sequence[tuple[str, bytes, Mapping[str, str] | None]],
+                         window: int, work: Path) -> dict[str, Any]:
+    """`request_listed` as publishes: rate, ack latency, errors (acks saying "error") and
+    the generator's CPU per message."""
+    result = await request_listed(url, messages, window, work)
     return {"puts_per_s": result.msgs_per_s, "ack_p50_ms": result.histogram.value_at(50) / 1e6,
             "ack_p99_ms": result.histogram.value_at(99) / 1e6, "errors": result.errors,
             "generator_cpu_us_per_msg": result.generator_cpu_s / len(messages) * 1e6}
+
+
+async def request_frames(address: str, hello: bytes, requests: Sequence[bytes], inflight: int,
+                         work: Path) -> LoadResult:
+    """`requests` (frames) in order to the broker at `address` on one connection, at most
+    `inflight` unanswered (a file of them is written in `work`). Raises RuntimeError when not
+    every request was answered."""
+    path = work / "listed-frames"
+    write_frames(path, hello, requests)
+    result = await run_load(address, Load("frames", size=0, inflight=inflight,
+                                          count=len(requests), messages=path, frames=True))
+    path.unlink()
+    if result.timed_out or result.acked != len(requests):
+        raise RuntimeError(f"{result.acked} of {len(requests)} requests answered")
+    return result
+
+
+@contextlib.contextmanager
+def frames_responder() -> Iterator[str]:
+    """The no-op peer of `Load.frames`: a process listening on 127.0.0.1 that answers every
+    request frame with an empty response; yields its address, killed by PID on exit."""
+    binary = ensure_built()
+    proc = subprocess.Popen([str(binary), "--mode", "respond", "--protocol", "frames",
+                             "--url", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE)
+    try:
+        line = _ready_line(proc)
+        if not line.startswith("ready "):
+            raise LoadgenFailed(f"the no-op responder said {line!r}")
+        yield f"127.0.0.1:{int(line.split()[1])}"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager
@@ -277,21 +332,26 @@ def responder(url: str, subject: str, conns: int = 1,
                              *(tls.args() if tls is not None else ())],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     try:
-        assert proc.stdout is not None
-        os.set_blocking(proc.stdout.fileno(), False)
-        deadline = time.monotonic() + RESPONDER_READY_S
-        line = b""
-        while not line.endswith(b"\n"):
-            if proc.poll() is not None:
-                raise LoadgenFailed(f"the no-op responder exited with {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise LoadgenFailed(f"the no-op responder was not ready in "
-                                    f"{RESPONDER_READY_S} s")
-            line += proc.stdout.read() or b""
-            time.sleep(0.005)  # polling a pipe for the ready line, under a deadline
-        if line.strip() != b"ready":
+        line = _ready_line(proc)
+        if line != "ready":
             raise LoadgenFailed(f"the no-op responder said {line!r}")
         yield proc.pid
     finally:
         proc.kill()
         proc.wait()
+
+
+def _ready_line(proc: subprocess.Popen[bytes]) -> str:
+    """The first line a responder prints once it is ready (stripped)."""
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    deadline = time.monotonic() + RESPONDER_READY_S
+    line = b""
+    while not line.endswith(b"\n"):
+        if proc.poll() is not None:
+            raise LoadgenFailed(f"the no-op responder exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise LoadgenFailed(f"the no-op responder was not ready in {RESPONDER_READY_S} s")
+        line += proc.stdout.read() or b""
+        time.sleep(0.005)  # polling a pipe for the ready line, under a deadline
+    return line.decode().strip()

@@ -31,6 +31,14 @@
  *   the server's certificate checked against the CA and the host); every read and write
  *   after that goes through it. Built in only when OpenSSL's headers are there (`make
  *   loadgen` looks for them); a binary without it refuses --tls-ca and says what to install.
+ * - --protocol frames: the same requests to a Jetstream broker's socket API instead of NATS
+ *   (length-prefixed frames: u32 length, u32 correlation id, u8 kind, u8 op, u32 header
+ *   length, msgpack header, payload; jetstream/protocol/frames.py). --messages is then a
+ *   list of whole request frames, encoded by the bench: the first is the HELLO each
+ *   connection opens with, the rest are the requests, each sent with its slot + 1 as its
+ *   correlation id, which the response echoes. An error frame (kind 3) counts as an error.
+ *   In respond mode it listens on 127.0.0.1 (--url's port, 0: any), prints "ready PORT" and
+ *   answers every request frame with an empty response frame: the no-op peer.
  * - Output (request mode): one JSON object on stdout with counts, the run's CLOCK_MONOTONIC
  *   start and end, this process's CPU seconds and the histogram as sparse [index, count]
  *   pairs (values in ns), which bench/loadgen/histogram.py reads and merges.
@@ -88,6 +96,7 @@ typedef struct {
     const char *tls_ca;
     const char *tls_cert;
     const char *tls_key;
+    int frames;  /* --protocol frames: the Jetstream socket API */
 } options_t;
 
 typedef struct {
@@ -143,6 +152,11 @@ static int bucket_of(uint64_t v) {
     int e = 63 - __builtin_clzll(v);
     uint64_t m = v >> (e - SUB_BUCKET_BITS);
     return (e - SUB_BUCKET_BITS + 1) * SUB_BUCKETS + (int)(m - SUB_BUCKETS);
+}
+
+static uint32_t be32(const char *at) {
+    const unsigned char *u = (const unsigned char *)at;
+    return (uint32_t)u[0] << 24 | (uint32_t)u[1] << 16 | (uint32_t)u[2] << 8 | u[3];
 }
 
 /* -- buffers and the socket ------------------------------------------------------------- */
@@ -451,6 +465,16 @@ typedef struct {
 
 /* Request `seq` of this connection from the --messages list. */
 static void send_listed(requester_t *r, conn_t *c, long slot) {
+    if (opt.frames) {  /* messages[0] is the HELLO: the requests are the rest */
+        long long index = 1 + (opt.first_message + r->w->index + r->next_seq * opt.conns)
+                              % (message_count - 1);
+        const message_t *m = &messages[index];
+        size_t at = c->out_len;
+        out_append(c, m->payload, m->payload_len);
+        uint32_t id = htonl((uint32_t)slot + 1);
+        memcpy(c->out + at + 4, &id, 4);
+        return;
+    }
     long long index = (opt.first_message + r->w->index + r->next_seq * opt.conns)
                       % message_count;
     const message_t *m = &messages[index];
@@ -506,22 +530,57 @@ static int64_t due_ns(requester_t *r) {
     return run_start_ns + (int64_t)((double)r->next_seq * 1e9 / per_conn);
 }
 
+static void slot_answered(requester_t *r, conn_t *c, long slot, int error, int no_responders);
+
 static void on_reply(void *ctx, conn_t *c, const msg_t *m) {
-    requester_t *r = ctx;
-    worker_t *w = r->w;
-    int64_t t = now_ns();
     const char *dot = memrchr(m->subject, '.', m->subject_len);
     if (!dot) return;
     long slot = strtol(dot + 1, NULL, 10);
+    int no_responders = m->header_len > 0 && m->total_len == m->header_len &&
+                        memmem(m->body, m->header_len, " 503", 4) != NULL;
+    int error = !no_responders && memmem(m->body + m->header_len,
+                                         m->total_len - m->header_len, "\"error\"", 7);
+    slot_answered(ctx, c, slot, error, no_responders);
+}
+
+/* Handles every complete frame in c->in (--protocol frames); keeps an incomplete tail. */
+static void parse_frames(conn_t *c, requester_t *r) {
+    size_t pos = 0;
+    while (c->in_len - pos >= 14) {
+        const char *at = c->in + pos;
+        uint32_t length = be32(at);
+        if (length < 10 || length > PAYLOAD_MAX) die("bad frame length %u", length);
+        if (c->in_len - pos < 4 + (size_t)length) break;
+        int kind = (unsigned char)at[8];
+        if (r) slot_answered(r, c, (long)be32(at + 4) - 1, kind == 3, 0);
+        else if (kind != 2) die("the broker refused the HELLO");
+        pos += 4 + (size_t)length;
+    }
+    memmove(c->in, c->in + pos, c->in_len - pos);
+    c->in_len -= pos;
+}
+
+/* --protocol frames: the first listed frame (HELLO), then its response. */
+static void frames_hello(conn_t *c) {
+    out_append(c, messages[0].payload, messages[0].payload_len);
+    if (flush_out(c) < 0) die("write failed during the HELLO");
+    int64_t until = now_ns() + (int64_t)(opt.timeout_s * 1e9);
+    while (c->in_len < 4 || c->in_len < 4 + (size_t)be32(c->in)) {
+        int rc = read_some(c, until);
+        if (rc < 0) die("connection closed during the HELLO");
+        if (rc == 0) die("no HELLO response within %.0f s", opt.timeout_s);
+    }
+    parse_frames(c, NULL);
+}
+
+static void slot_answered(requester_t *r, conn_t *c, long slot, int error, int no_responders) {
+    worker_t *w = r->w;
+    int64_t t = now_ns();
     if (slot < 0 || slot >= opt.inflight) return;
     r->outstanding--;
     w->acked++;
-    if (m->header_len > 0 && m->total_len == m->header_len &&
-        memmem(m->body, m->header_len, " 503", 4)) {
-        w->no_responders++;
-    } else if (memmem(m->body + m->header_len, m->total_len - m->header_len, "\"error\"", 7)) {
-        w->errors++;
-    }
+    if (no_responders) w->no_responders++;
+    else if (error) w->errors++;
     if (t >= measure_from_ns && (w->quota >= 0 || t <= deadline_ns)) {
         w->counted++;
         int64_t latency = t - r->sent_ns[slot];
@@ -542,9 +601,13 @@ static void *request_worker(void *arg) {
     snprintf(r.inbox, sizeof r.inbox, "_LOADGEN.%d.%d.%d", (int)getpid(), w->index,
              (int)(now_ns() % 1000000));
     c.fd = dial();
-    char sub[128];
-    snprintf(sub, sizeof sub, "SUB %s.* 1\r\n", r.inbox);
-    handshake(&c, sub);
+    if (opt.frames) {
+        frames_hello(&c);
+    } else {
+        char sub[128];
+        snprintf(sub, sizeof sub, "SUB %s.* 1\r\n", r.inbox);
+        handshake(&c, sub);
+    }
     while (now_ns() < run_start_ns) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
@@ -592,7 +655,8 @@ static void *request_worker(void *arg) {
             }
             continue;
         }
-        parse(&c, on_reply, &r);
+        if (opt.frames) parse_frames(&c, &r);
+        else parse(&c, on_reply, &r);
     }
     conn_close(&c);
     free(r.sent_ns);
@@ -709,6 +773,65 @@ static void run_responder(void) {
     for (long i = 0; i < opt.conns; i++) pthread_join(threads[i], NULL);
 }
 
+/* --protocol frames: answer every request frame with an empty response frame. */
+static void *frames_respond_worker(void *arg) {
+    conn_t *c = arg;
+    for (;;) {
+        if (read_some(c, 0) <= 0) break;
+        size_t pos = 0;
+        while (c->in_len - pos >= 14) {
+            const char *at = c->in + pos;
+            uint32_t length = be32(at);
+            if (length < 10 || length > PAYLOAD_MAX) goto done;
+            if (c->in_len - pos < 4 + (size_t)length) break;
+            char answer[14] = {0, 0, 0, 10};
+            memcpy(answer + 4, at + 4, 4);  /* the correlation id */
+            answer[8] = 2;                  /* a response */
+            answer[9] = at[9];              /* to the request's op */
+            out_append(c, answer, sizeof answer);
+            pos += 4 + (size_t)length;
+        }
+        memmove(c->in, c->in + pos, c->in_len - pos);
+        c->in_len -= pos;
+        if (c->out_len && flush_out(c) < 0) break;
+    }
+done:
+    conn_close(c);
+    free(c->in);
+    free(c->out);
+    free(c);
+    return NULL;
+}
+
+static void run_frames_responder(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(opt.port))};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 64) != 0)
+        die("cannot listen on 127.0.0.1:%s: %s", opt.port, strerror(errno));
+    socklen_t len = sizeof addr;
+    getsockname(fd, (struct sockaddr *)&addr, &len);
+    printf("ready %d\n", ntohs(addr.sin_port));
+    fflush(stdout);
+    for (;;) {
+        int conn_fd = accept(fd, NULL, NULL);
+        if (conn_fd < 0) {
+            if (errno == EINTR) continue;
+            die("accept failed: %s", strerror(errno));
+        }
+        setsockopt(conn_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        conn_t *c = calloc(1, sizeof(conn_t));
+        if (!c) die("out of memory");
+        c->fd = conn_fd;
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, frames_respond_worker, c) != 0)
+            die("cannot start a thread");
+        pthread_detach(thread);
+    }
+}
+
 /* -- the command line ------------------------------------------------------------------- */
 
 static uint32_t be_read(const unsigned char *at, int bytes) {
@@ -762,7 +885,7 @@ static void usage(void) {
           "       [--inflight N] [--conns C] (--count N | --duration S [--warmup S])\n"
           "       [--rate MSGS_PER_S] [--stamp] [--timeout S] [--start-at MONOTONIC_NS]\n"
           "       [--messages FILE [--first-message N]]\n"
-          "       [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]\n",
+          "       [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] [--protocol nats|frames]\n",
           stderr);
     exit(2);
 }
@@ -806,8 +929,13 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--tls-ca") == 0) opt.tls_ca = v;
         else if (strcmp(a, "--tls-cert") == 0) opt.tls_cert = v;
         else if (strcmp(a, "--tls-key") == 0) opt.tls_key = v;
+        else if (strcmp(a, "--protocol") == 0) {
+            if (strcmp(v, "frames") == 0) opt.frames = 1;
+            else if (strcmp(v, "nats") != 0) die("--protocol is nats or frames");
+        }
         else usage();
     }
+    if (opt.frames && !opt.subject) opt.subject = "frames";  /* the JSON output names it */
     if (!opt.host || !opt.subject) usage();
     if (strchr(opt.subject, ' ') || strlen(opt.subject) > 255) die("bad subject");
     if (opt.conns < 1 || opt.conns > 1024) die("--conns must be 1..1024");
@@ -818,9 +946,12 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     memset(payload_template, 'x', sizeof payload_template);
     if (strcmp(opt.mode, "respond") == 0) {
-        run_responder();
+        if (opt.frames) run_frames_responder();
+        else run_responder();
         return 0;
     }
+    if (opt.frames && (!opt.messages || opt.tls_ca || opt.rate > 0))
+        die("--protocol frames needs --messages (and takes no --tls-ca or --rate)");
     if (strcmp(opt.mode, "request") != 0) die("--mode is request or respond");
     if (opt.size < 0 || opt.size > PAYLOAD_MAX) die("--size must be 0..%d", PAYLOAD_MAX);
     if (opt.stamp && opt.size < STAMP_DIGITS) die("--stamp needs --size >= %d", STAMP_DIGITS);
@@ -833,6 +964,7 @@ int main(int argc, char **argv) {
     if (opt.messages) {
         if (opt.stamp) die("--stamp and --messages do not go together");
         load_messages(opt.messages);
+        if (opt.frames && message_count < 2) die("--messages needs the HELLO and a request");
     }
     run_requests();
     return 0;

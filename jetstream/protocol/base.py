@@ -18,13 +18,25 @@ from typing import Any, ClassVar, Self
 from jetstream.errors import ProtocolError
 from jetstream.protocol.frames import Op
 
+#: Per message type, its fields' names in order, each with whether it must be given: what
+#: `dataclasses.fields` says, asked once per type (every request and response needs it).
+_SHAPES: dict[type[Any], tuple[tuple[str, bool], ...]] = {}
+
+
+def _shape(cls: type[Any]) -> tuple[tuple[str, bool], ...]:
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        shape = _SHAPES[cls] = tuple(
+            (f.name, f.default is MISSING and f.default_factory is MISSING) for f in fields(cls))
+    return shape
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
     """Base of requests and responses: the header is the dataclass's fields."""
 
     def to_header(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name, _required in _shape(type(self))}
 
     @classmethod
     def from_header(cls, header: Mapping[str, Any]) -> Self:
@@ -32,11 +44,11 @@ class Message:
         if not isinstance(header, Mapping):
             raise ProtocolError(f"{cls.__name__} header must be a map", field="header")
         kwargs: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in header:
-                kwargs[f.name] = header[f.name]
-            elif f.default is MISSING and f.default_factory is MISSING:
-                raise ProtocolError(f"{cls.__name__} lacks field {f.name!r}", field=f.name)
+        for name, required in _shape(cls):
+            if name in header:
+                kwargs[name] = header[name]
+            elif required:
+                raise ProtocolError(f"{cls.__name__} lacks field {name!r}", field=name)
         return cls(**kwargs)
 
 

@@ -178,6 +178,9 @@ class KeyValue:
                      wait_ms: int) -> Log:
         """The log of the partition's index once `until(covered)` holds (waiting up to
         `wait_ms`): lease the index with it (`_leased`)."""
+        found = self._logs.get(key)
+        if found is not None and until(self._covered.get(key, 0)):
+            return found  # the usual case: no wait, no lock
         deadline = time.monotonic() + min(wait_ms, self._wait_ms_max) / 1000
         async with self._progress:
             while key not in self._logs or not until(self._covered.get(key, 0)):
@@ -233,4 +236,4 @@ class KeyValue:
 
 def _lease_key(log_: Log) -> str:
     """What a replica's index is held under in the pool: its directory."""
-    return str(log_.directory / INDEX_DIRECTORY)
+    return f"{log_.directory}/{INDEX_DIRECTORY}"  # no Path built: asked on every get

@@ -70,6 +70,15 @@ class Answer:
             piece.close()
 
 
+class _Nothing:
+    """Nothing taken from the answer queue (None there means: stop)."""
+
+
+_NOTHING = _Nothing()
+#: Most answers joined into one write.
+WRITE_ANSWERS_MAX = 256
+
+
 class SocketApi:
     def __init__(self, config: BrokerConfig, metrics: BrokerMetrics,
                  handler: RequestHandler, gate: Gatekeeper | None = None) -> None:
@@ -317,10 +326,14 @@ class Connection:
         loop = asyncio.get_running_loop()
         writer = self._writer
         tls = writer.get_extra_info("sslcontext") is not None
+        answers = self._answers
+        taken: Answer | _Nothing | None = _NOTHING  # taken from the queue, not yet sent
         while True:
-            answer = await self._answers.get()
+            answer = await answers.get() if taken is _NOTHING else taken
+            taken = _NOTHING
             if answer is None:
                 return
+            assert isinstance(answer, Answer)
             try:
                 if answer.pieces:
                     if tls:
@@ -332,9 +345,18 @@ class Connection:
                         # A segment shrank under us (truncation): the frame is broken.
                         writer.close()
                         return
-                else:
+                elif answer.close_after or answers.empty():
                     writer.write(answer.data)
-                if not answer.pieces and self._answers.empty():
+                else:  # answers waiting (pipelined requests): one write, one send, for all
+                    chunks = [answer.data]
+                    while not answers.empty() and len(chunks) < WRITE_ANSWERS_MAX:
+                        taken = answers.get_nowait()
+                        if taken is None or taken.pieces or taken.close_after:
+                            break
+                        chunks.append(taken.data)  # nothing to close: no pieces
+                        taken = _NOTHING
+                    writer.write(b"".join(chunks))
+                if not answer.pieces and answers.empty():
                     await writer.drain()
             except (ConnectionError, OSError):
                 return

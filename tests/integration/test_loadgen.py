@@ -2,7 +2,8 @@
 by its no-op responder, by nobody, and by a real broker; paced requests whose payload carries
 their send time on the clock Python reads; a list of messages, each sent once with its own
 subject, headers and payload; requests over TLS with a client certificate, and the
-handshakes it refuses; and its histogram buckets against histogram.py's."""
+handshakes it refuses; socket-API frames to its frames responder and to a broker, whose
+error frames it counts; and its histogram buckets against histogram.py's."""
 
 from __future__ import annotations
 
@@ -20,13 +21,18 @@ from bench.loadgen import (
     LoadgenFailed,
     LoadTls,
     ensure_built,
+    frames_responder,
+    request_frames,
     responder,
     run_load,
     write_messages,
 )
 from bench.loadgen.histogram import bucket_of
-from jetstream.client import Client
+from jetstream.client import Client, PublishMessage
 from jetstream.natsd import NatsServer, ServerTls
+from jetstream.protocol.codec import encode_request
+from jetstream.protocol.frames import Kind, Op, encode_frame, hello_request
+from jetstream.protocol.kv import GetRequest
 from jetstream.server.process import BrokerProcess
 from tests.pki import Pki
 
@@ -107,6 +113,29 @@ async def test_listed_messages_are_each_sent_once_as_written(nats_url: str,
         await nc.close()
     assert result.acked == result.sent == 60 and result.errors == 0
     assert sorted(seen, key=lambda m: m[1]) == sorted(listed, key=lambda m: m[1])
+
+
+HELLO = encode_frame(0, Kind.REQUEST, Op.HELLO, hello_request("loadgen-test"))
+
+
+async def test_frames_to_the_frames_responder_are_all_answered(tmp_path: Path) -> None:
+    requests = [encode_request(0, GetRequest("s", 0, b"k%d" % i)) for i in range(500)]
+    with frames_responder() as address:
+        result = await request_frames(address, HELLO, requests, 32, tmp_path)
+    assert result.messages == result.acked == result.sent == 500
+    assert result.errors == 0 and result.histogram.total == 500
+
+
+async def test_gets_to_a_broker_are_answered_and_its_refusals_counted(
+        broker: BrokerProcess, js: Client, tmp_path: Path) -> None:
+    await js.create_stream("lgkv", "lgkv.in", cleanup_policy="compact")
+    acks = await js.publish_batch([PublishMessage("lgkv.in", b"v", key=b"k%d" % i)
+                                   for i in range(20)])
+    await js.get("lgkv", b"k0", min_offset=max(a.offset for a in acks), wait_ms=10_000)
+    gets = [encode_request(0, GetRequest("lgkv", 0, b"k%d" % (i % 40))) for i in range(400)]
+    refused = [encode_request(0, GetRequest("no-such-stream", 0, b"k"))] * 100
+    result = await request_frames(broker.address, HELLO, gets + refused, 16, tmp_path)
+    assert result.acked == 500 and result.errors == 100  # UNKNOWN_STREAM error frames
 
 
 def test_the_generator_buckets_values_as_histogram_py_does() -> None:
