@@ -6,7 +6,8 @@
 It consumes the partitions it is given and prints one JSON line per event on stdout:
 {"event": "assigned", "partitions": [[stream, partition], ...], "member": id} after each
 change. With --zombie-commit it also commits every 100 ms, under the identity (member id,
-epoch, partitions) it last held them with, an offset that grows by one each time, and prints
+epoch, partitions) it last held them with (after a pause: the one it held before), an
+offset that grows by one each time, and prints
 {"event": "commit", "offset": n, "failed": {"stream/partition": code}} — so a test that
 pauses it (SIGSTOP) sees what becomes of its commits once it wakes after its session ended
 (a request that fails as a whole prints {"event": "commit_error", "code": ...}).
@@ -26,6 +27,9 @@ from jetstream.client import Client
 from jetstream.client.group_subscription import GroupSubscription
 from jetstream.errors import JetstreamError
 
+#: A turn of the commit loop this much later than its 100 ms: the process was paused.
+PAUSE_S = 1.0
+
 
 def emit(**event: Any) -> None:
     print(json.dumps({"t": time.monotonic(), **event}), flush=True)
@@ -34,9 +38,13 @@ def emit(**event: Any) -> None:
 async def zombie_commits(js: Client, sub: GroupSubscription, group: str) -> None:
     identity: tuple[str, int, frozenset[tuple[str, int]]] | None = None
     offset = 0
+    last = time.monotonic()
     while True:
         await asyncio.sleep(0.1)
-        if sub.member_id and sub.assignment:
+        woke, last = time.monotonic() - last > PAUSE_S, time.monotonic()
+        # Waking from a pause, it commits first under the identity it had before (its
+        # subscription may have rejoined meanwhile, on the loop's first turns): a zombie.
+        if sub.member_id and sub.assignment and not woke:
             identity = (sub.member_id, sub.member_epoch, sub.assignment)
         if identity is None:
             continue
