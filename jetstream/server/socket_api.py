@@ -328,45 +328,49 @@ class Connection:
         tls = writer.get_extra_info("sslcontext") is not None
         answers = self._answers
         taken: Answer | _Nothing | None = _NOTHING  # taken from the queue, not yet sent
-        while True:
-            answer = await answers.get() if taken is _NOTHING else taken
-            taken = _NOTHING
-            if answer is None:
-                return
-            assert isinstance(answer, Answer)
-            try:
-                if answer.pieces:
-                    if tls:
-                        sent = await _send_tls(loop, writer, answer.data, answer.pieces)
-                    else:
-                        sent = await self._send_pieces(loop, writer, answer.data,
-                                                       answer.pieces)
-                    if not sent:
-                        # A segment shrank under us (truncation): the frame is broken.
-                        writer.close()
-                        return
-                elif answer.close_after or answers.empty():
-                    writer.write(answer.data)
-                else:  # answers waiting (pipelined requests): one write, one send, for all
-                    chunks = [answer.data]
-                    while not answers.empty() and len(chunks) < WRITE_ANSWERS_MAX:
-                        taken = answers.get_nowait()
-                        if taken is None or taken.pieces or taken.close_after:
-                            break
-                        chunks.append(taken.data)  # nothing to close: no pieces
-                        taken = _NOTHING
-                    writer.write(b"".join(chunks))
-                if not answer.pieces and answers.empty():
-                    await writer.drain()
-            except (ConnectionError, OSError):
-                return
-            finally:
-                answer.close()
-            if answer.close_after:
-                with contextlib.suppress(Exception):
-                    await writer.drain()
-                writer.close()
-                return
+        try:
+            while True:
+                answer = await answers.get() if taken is _NOTHING else taken
+                taken = _NOTHING
+                if answer is None:
+                    return
+                assert isinstance(answer, Answer)
+                try:
+                    if answer.pieces:
+                        if tls:
+                            sent = await _send_tls(loop, writer, answer.data, answer.pieces)
+                        else:
+                            sent = await self._send_pieces(loop, writer, answer.data,
+                                                           answer.pieces)
+                        if not sent:
+                            # A segment shrank under us (truncation): the frame is broken.
+                            writer.close()
+                            return
+                    elif answer.close_after or answers.empty():
+                        writer.write(answer.data)
+                    else:  # answers waiting (pipelined requests): one write, one send, for all
+                        chunks = [answer.data]
+                        while not answers.empty() and len(chunks) < WRITE_ANSWERS_MAX:
+                            taken = answers.get_nowait()
+                            if taken is None or taken.pieces or taken.close_after:
+                                break
+                            chunks.append(taken.data)  # nothing to close: no pieces
+                            taken = _NOTHING
+                        writer.write(b"".join(chunks))
+                    if not answer.pieces and answers.empty():
+                        await writer.drain()
+                except (ConnectionError, OSError):
+                    return
+                finally:
+                    answer.close()
+                if answer.close_after:
+                    with contextlib.suppress(Exception):
+                        await writer.drain()
+                    writer.close()
+                    return
+        finally:
+            if isinstance(taken, Answer):  # taken from the queue, never to be sent
+                taken.close()
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:

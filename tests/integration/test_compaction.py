@@ -186,3 +186,25 @@ def test_get_and_keys_from_the_cli_and_http(cleaning_broker: BrokerProcess) -> N
         gone = http.get("/streams/conf/keys/size",
                         params={"min_offset": tombstone, "wait_ms": 5000})
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "KEY_NOT_FOUND"
+
+
+async def test_gets_and_fetches_in_flight_together_are_each_answered(kv: Client) -> None:
+    # Many requests at once on one connection: answers queued together go out in one
+    # write, a fetch's answer (sent from the segment file) in its turn.
+    await kv.create_stream("mixed", "mixed.in", cleanup_policy="compact")
+    acks = await kv.publish_batch([PublishMessage("mixed.in", b"v%d" % k, key=b"k%d" % k)
+                                   for k in range(40)], window=40)
+    newest = max(a.offset for a in acks)
+    await kv.get("mixed", b"k0", min_offset=newest)
+    gets = [kv.get("mixed", b"k%d" % (k % 45)) for k in range(200)]
+    fetches = [kv.fetch("mixed", 0, offset) for offset in range(0, 40, 4)]
+    results = await asyncio.gather(*gets, *fetches)
+    for k, got in zip(range(200), results[:200], strict=True):
+        if k % 45 < 40:
+            assert got is not None and got.value == b"v%d" % (k % 45)
+        else:
+            assert got is None
+    for offset, fetched in zip(range(0, 40, 4), results[200:], strict=True):
+        assert fetched.messages and fetched.messages[0].offset == offset
+        assert [m.value for m in fetched.messages] == [b"v%d" % m.offset
+                                                      for m in fetched.messages]
