@@ -14,7 +14,9 @@ which a bench compares with the rates it reports for the systems it measures. A 
 name a file of messages (`write_messages`) instead of one subject and payload: each process
 sends its share of the list in turn, so a counted run sends each listed message once.
 With `LoadTls` the generator (and the responder) speak TLS to a server that requires it,
-presenting a client certificate when given one.
+presenting a client certificate when given one. With `Load.frames` it sends a list of
+socket-API request frames (`write_frames`: the HELLO first) to a broker instead, and
+`frames_responder` is the no-op peer of that protocol.
 """
 
 from __future__ import annotations
