@@ -272,12 +272,8 @@ async def request_listed(url: str, messages: Sequence[tuple[str, bytes, Mapping[
     path = work / "listed-messages"
     write_messages(path, messages)
     size = sum(len(payload) for _, payload, _ in messages) // max(len(messages), 1)
-    result = await run_load(url, Load("unused", size=size, inflight=window,
-                                      count=len(messages), messages=path))
-    path.unlink()
-    if result.timed_out or result.acked != len(messages):
-        raise RuntimeError(f"{result.acked} of {len(messages)} messages acknowledged")
-    return result
+    return await _run_listed(url, Load("unused", size=size, inflight=window,
+                                       count=len(messages), messages=path))
 
 
 async def publish_listed(url: str, messages: Sequence[tuple[str, bytes, Mapping[str, str] | None]],
@@ -297,11 +293,18 @@ async def request_frames(address: str, hello: bytes, requests: Sequence[bytes], 
     every request was answered."""
     path = work / "listed-frames"
     write_frames(path, hello, requests)
-    result = await run_load(address, Load("frames", size=0, inflight=inflight,
-                                          count=len(requests), messages=path, frames=True))
-    path.unlink()
-    if result.timed_out or result.acked != len(requests):
-        raise RuntimeError(f"{result.acked} of {len(requests)} requests answered")
+    return await _run_listed(address, Load("frames", size=0, inflight=inflight,
+                                           count=len(requests), messages=path, frames=True))
+
+
+async def _run_listed(url: str, load: Load) -> LoadResult:
+    """Run a counted `load` of listed requests, then remove their file. Raises RuntimeError
+    when not every request was answered."""
+    assert load.messages is not None and load.count is not None
+    result = await run_load(url, load)
+    load.messages.unlink()
+    if result.timed_out or result.acked != load.count:
+        raise RuntimeError(f"{result.acked} of {load.count} requests answered")
     return result
 
 

@@ -119,11 +119,6 @@ class CleanerService:
             await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
             self._executor = None
 
-    @property
-    def worker_pids(self) -> list[int]:
-        """The cleaner's worker processes running now."""
-        return self._workers.pids
-
     def wake(self) -> None:
         self._wake.set()
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from jetstream.errors import JetstreamError
+from jetstream.idempotence.headers import MSG_ID
 
 # -- grammar (server -> client) -------------------------------------------------------------
 #   MSG  <subject> <sid> [reply-to] <#bytes>\r\n<payload>\r\n
@@ -67,9 +68,8 @@ HEADER_VERSION: Final = "NATS/1.0"
 _SPACE: Final = re.compile(r"\s")
 _VERSION_LINE: Final = HEADER_VERSION + "\r\n"
 _VERSION_LINE_BYTES: Final = _VERSION_LINE.encode()
-#: The header NATS JetStream publishers set for deduplication.
-MSG_ID_HEADER: Final = "Nats-Msg-Id"
-_MSG_ID_BLOCK: Final = _VERSION_LINE_BYTES + MSG_ID_HEADER.encode() + b":"
+#: The header block of a publisher's Nats-Msg-Id alone, up to its value.
+_MSG_ID_BLOCK: Final = _VERSION_LINE_BYTES + MSG_ID.encode() + b":"
 _MSG_ID_BLOCK_LEN: Final = len(_MSG_ID_BLOCK)
 STATUS_KEY: Final = "Status"
 DESCRIPTION_KEY: Final = "Description"
@@ -299,7 +299,7 @@ class NatsParser:
                     if block.startswith(_MSG_ID_BLOCK) and block.endswith(b"\r\n\r\n") and \
                             block.count(b"\r\n") == 3 and block.isascii():
                         # A publisher's Nats-Msg-Id alone: what parse_headers reads, sooner.
-                        headers = {MSG_ID_HEADER: block[_MSG_ID_BLOCK_LEN:-4].decode().strip()}
+                        headers = {MSG_ID: block[_MSG_ID_BLOCK_LEN:-4].decode().strip()}
                     else:
                         headers = parse_headers(block)
                     data = buf[start + hdr_size:end]
