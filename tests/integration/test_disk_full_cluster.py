@@ -139,7 +139,10 @@ async def test_a_full_leader_hands_its_partition_to_an_in_sync_follower(
     second = [f"b{i}".encode() for i in range(20)]
     await publish_acked(disk_cluster, second)
     # While its disk is full the old leader stays out of the ISR: no leadership comes back.
-    after = await partition_state(new)
+    # It follows the new leader but appends nothing; the new leader learns its log end offset
+    # from its first fetch, which may come after the acks above.
+    after = await eventually(lambda: _if_reported(new, old.broker_id),
+                             "the old leader's log end offset reported to the new one")
     assert (after["leader"], after["leader_epoch"]) == (new.broker_id, new_state["leader_epoch"])
     assert old.broker_id not in after["isr"]
     assert after["replica_end_offsets"][str(old.broker_id)] == 20
@@ -178,6 +181,11 @@ async def test_a_stream_is_deleted_through_a_broker_whose_disk_is_full(
     leader = by_id(disk_cluster, (await partition_state(target))["leader"])
     assert await read_all(leader, 1) == [b"after"]
     assert [s.name for s in await _streams(target)] == [STREAM]
+
+
+async def _if_reported(broker: BrokerProcess, replica: int) -> dict[str, Any] | None:
+    state = await partition_state(broker)
+    return state if state["replica_end_offsets"].get(str(replica)) is not None else None
 
 
 async def _if_full(broker: BrokerProcess) -> dict[str, Any] | None:
