@@ -127,6 +127,8 @@ class Op(enum.IntEnum):
 
 
 _KINDS = frozenset(int(k) for k in Kind)
+#: Kind by number: a dict lookup, where `Kind(n)` costs an enum call on every frame.
+_KIND_OF = {int(k): k for k in Kind}
 _OPS = {int(op): op for op in Op}
 
 
@@ -320,7 +322,7 @@ class FrameDecoder:
         self._pos = end
         self._prefix = None
         self._compact()
-        return Frame(correlation_id, Kind(kind), op, header, payload)
+        return Frame(correlation_id, _KIND_OF[kind], op, header, payload)
 
     def _compact(self) -> None:
         if self._pos == len(self._buf):
@@ -331,7 +333,14 @@ class FrameDecoder:
             self._pos = 0
 
 
+#: Spans up to this size are copied by slicing (two copies, but no view to set up and
+#: release: cheaper for a request's header); larger ones through a view (one copy).
+_SLICE_COPY_BYTES_MAX = 64 * KiB
+
+
 def _copy(buf: bytearray, start: int, end: int) -> bytes:
+    if end - start <= _SLICE_COPY_BYTES_MAX:
+        return bytes(buf[start:end])
     # One copy, and the views are released at once so the bytearray can grow again.
     with memoryview(buf) as view, view[start:end] as part:
         return part.tobytes()

@@ -13,6 +13,11 @@ broker wires them at start-up:
 A handler answers a Response, or for a Fetch (and a REPLICA_RANGE) the response and the slice
 of the segment file its records are sent from (`FetchResult`), which the socket API sends
 with sendfile; a REPLICA_FETCH answers a list of slices, sent one after another.
+
+A request type may also have an immediate handler (`at_once`): a plain function that answers
+when it can without waiting and says None when the request must wait (a GET for an offset
+the key index does not cover yet), which the async handler then serves. The socket API calls
+it as it reads the frame, so the usual answer costs no task.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ PayloadResult: TypeAlias = tuple[m.Response, FileSlice]
 SlicesResult: TypeAlias = tuple[m.Response, list[FileSlice]]
 Result: TypeAlias = m.Response | FetchResult | PayloadResult | SlicesResult
 Handler: TypeAlias = Callable[[m.Request], Awaitable[Result]]
+#: Answers at once, or None when the request must wait for the async handler.
+ImmediateHandler: TypeAlias = Callable[[m.Request], Result | None]
 
 R = TypeVar("R", bound=m.Request)
 
@@ -46,15 +53,38 @@ def on(kind: type[R], handler: Callable[[R], Awaitable[Result]]
     return kind, cast(Handler, handler)
 
 
-class Dispatcher:
-    """Answers each request with the handler registered for its exact type."""
+def at_once(kind: type[R], handler: Callable[[R], Result | None]
+            ) -> tuple[type[m.Request], ImmediateHandler]:
+    """One entry of an immediate table: `handler` answers requests of type `kind` that need
+    no wait, and returns None for those the async handler must serve."""
+    return kind, cast(ImmediateHandler, handler)  # sound as in `on`
 
-    def __init__(self, table: Mapping[type[m.Request], Handler]) -> None:
+
+class Dispatcher:
+    """Answers each request with the handler registered for its exact type (and, for the
+    types of `immediate`, first with its immediate handler)."""
+
+    def __init__(self, table: Mapping[type[m.Request], Handler],
+                 immediate: Mapping[type[m.Request], ImmediateHandler] | None = None) -> None:
         self._table = dict(table)
+        self._immediate = dict(immediate or {})
+        unserved = set(self._immediate) - set(self._table)
+        if unserved:
+            raise ValueError(f"immediate handlers without an async one: {unserved}")
 
     @property
     def kinds(self) -> frozenset[type[m.Request]]:
         return frozenset(self._table)
+
+    @property
+    def immediate_kinds(self) -> frozenset[type[m.Request]]:
+        return frozenset(self._immediate)
+
+    def handle_now(self, request: m.Request) -> Result | None:
+        """The answer to `request` when it needs no wait; None when `handle` must serve it
+        (no immediate handler, or one that would have to wait)."""
+        handler = self._immediate.get(type(request))
+        return None if handler is None else handler(request)
 
     async def handle(self, request: m.Request) -> Result:
         handler = self._table.get(type(request))
@@ -65,7 +95,13 @@ class Dispatcher:
 
 
 class RequestHandler(Protocol):
-    """What the socket API calls for each decoded request."""
+    """What the socket API calls for each decoded request: `handle_now` first for the types
+    of `immediate_kinds`, `handle` for the rest and for those it returns None for."""
+
+    @property
+    def immediate_kinds(self) -> frozenset[type[m.Request]]: ...
+
+    def handle_now(self, request: m.Request) -> Result | None: ...
 
     async def handle(self, request: m.Request) -> Result: ...
 

@@ -49,7 +49,7 @@ from jetstream.security.guard import exposures, refusal
 from jetstream.security.tls import client_ssl, reload_all, server_ssl
 from jetstream.server.acl_admin import AclAdmin
 from jetstream.server.admin import Admin
-from jetstream.server.api import Dispatcher, on
+from jetstream.server.api import Dispatcher, at_once, on
 from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
@@ -334,6 +334,8 @@ class Broker:
             on(m.AclListRequest, acls.on_list),
             on(m.AclAddRequest, acls.on_add),
             on(m.AclRemoveRequest, acls.on_remove),
+        ]), immediate=dict([
+            at_once(m.GetRequest, kv.get_now),
         ]))
 
     def _datastreams_handler(self) -> Any:

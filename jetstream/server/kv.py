@@ -208,18 +208,40 @@ class KeyValue:
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, self._use, key, log_, read)
 
-    async def get(self, request: m.GetRequest) -> m.GetResponse:
+    def get_now(self, request: m.GetRequest) -> m.GetResponse | None:
+        """GET without a wait (the socket API's immediate handler): the answer, or None when
+        the index does not cover `min_offset` yet and the request may wait for it (`get`)."""
         self._compacted(request.stream)
         self._check_role(request.stream, request.partition, request.read_replica)
         key = (request.stream, request.partition)
+        log_ = self._logs.get(key)
+        covered = self._covered.get(key, 0)
+        if log_ is None or request.min_offset >= covered:
+            if request.min_offset >= 0 and request.max_wait_ms > 0:
+                return None
+            if log_ is None:
+                raise OffsetNotIndexed(request.stream, request.partition, 0, 0)
+            raise OffsetNotIndexed(request.stream, request.partition, request.min_offset,
+                                   covered)
+        return self._lookup(key, log_, covered, request.key)
+
+    async def get(self, request: m.GetRequest) -> m.GetResponse:
+        answer = self.get_now(request)
+        if answer is not None:
+            return answer
+        key = (request.stream, request.partition)
         log_ = await self._index(key, lambda covered: covered > request.min_offset,
-                                 request.max_wait_ms if request.min_offset >= 0 else 0)
+                                 request.max_wait_ms)
         covered = self._covered.get(key, 0)
         if request.min_offset >= covered:
             raise OffsetNotIndexed(request.stream, request.partition, request.min_offset,
                                    covered)
+        return self._lookup(key, log_, covered, request.key)
+
+    def _lookup(self, key: PartitionKey, log_: Log, covered: int, record_key: bytes
+                ) -> m.GetResponse:
         with self._leased(key, log_) as index:
-            entry = index.get(request.key)
+            entry = index.get(record_key)
         if entry is None:
             return m.GetResponse(False, covered_offset=covered)
         return m.GetResponse(True, entry.value is None, entry.offset, entry.timestamp_ms,

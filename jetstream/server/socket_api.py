@@ -4,10 +4,13 @@ Theory of operation: each connection has one reader task and one writer task. Th
 decodes frames (jetstream.protocol.frames) and runs each request as its own task, at most
 `connection_requests_max` at once per connection, so a long-polling Fetch does not hold up
 the requests behind it; answers may come back out of order and carry their request's
-correlation id. The writer sends answers in the order they are ready; a Fetch answer is its
-prefix and header followed by record batches sent straight from the segment file with
-`loop.sendfile` (zero copy on the default event loop); slices of at most 16 KiB are copied
-into one write instead (a fetch session answers many partitions with a few batches each).
+correlation id. A request with an immediate handler (a GET the key index covers) is
+answered by the reader itself, with no task, while fewer than `connection_requests_max`
+answers wait for the writer; one that must wait goes to a task like any other. The writer
+sends answers in the order they are ready; a Fetch answer is its prefix and header followed
+by record batches sent straight from the segment file with `loop.sendfile` (zero copy on the
+default event loop); slices of at most 16 KiB are copied into one write instead (a fetch
+session answers many partitions with a few batches each).
 
 With `tls_cert` set the port speaks TLS only (a plain-text client fails the handshake); a
 handshake not finished within `tls_handshake_timeout_ms`, refused credentials
@@ -160,6 +163,8 @@ class Connection:
         self._answers: asyncio.Queue[Answer | None] = asyncio.Queue()
         self._slots = asyncio.Semaphore(self._config.connection_requests_max)
         self._requests: set[asyncio.Task[None]] = set()
+        #: The ops the reader answers itself when their handler needs no wait.
+        self._immediate_ops = frozenset(kind.op for kind in handler.immediate_kinds)
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
@@ -230,33 +235,58 @@ class Connection:
                 return
             if frame is None:
                 return
+            request: m.Request | None = None
+            if frame.op in self._immediate_ops and \
+                    self._answers.qsize() < self._config.connection_requests_max:
+                request = self._serve_now(frame)
+                if request is None:  # answered
+                    continue
             await self._slots.acquire()
-            task = asyncio.create_task(self._serve(frame))
+            task = asyncio.create_task(self._serve(frame, request))
             self._requests.add(task)
             task.add_done_callback(self._requests.discard)
 
-    async def _serve(self, frame: frames.Frame) -> None:
-        metrics = self._metrics
-        metrics.requests_total += 1
+    def _serve_now(self, frame: frames.Frame) -> m.Request | None:
+        """Answer `frame` here when its immediate handler needs no wait: None once its
+        answer is queued; the decoded request when it must wait (for `_serve`)."""
         try:
             request = m.decode_request(frame)
+            result = self._answer_now(request)
+            if result is None:
+                return request
+            answer = self._encode(frame, result)
+        except Exception as exc:
+            answer = self._refusal(frame, exc)
+        self._metrics.requests_total += 1
+        self._answers.put_nowait(answer)
+        return None
+
+    async def _serve(self, frame: frames.Frame, request: m.Request | None = None) -> None:
+        """Answer `frame` (`request`: already decoded from it)."""
+        self._metrics.requests_total += 1
+        try:
+            if request is None:
+                request = m.decode_request(frame)
             # Encoding is inside the try: an answer too large for a frame header (Metadata of
             # hundreds of streams) must become an error frame, not a request left unanswered.
             answer = self._encode(frame, await self._answer(request))
-        except JetstreamError as exc:
-            metrics.request_errors_total += 1
-            # Refused credentials close the connection (each guess costs a new one).
-            answer = Answer(m.encode_error(frame.correlation_id, frame.op, exc),
-                            close_after=frame.op == frames.Op.AUTHENTICATE
-                            and isinstance(exc, Unauthenticated))
         except Exception as exc:
-            log.exception("request %s failed", frame.op)
-            metrics.request_errors_total += 1
-            answer = Answer(m.encode_error(frame.correlation_id, frame.op,
-                                           JetstreamError(f"internal error: {exc}")))
+            answer = self._refusal(frame, exc)
         finally:
             self._slots.release()
         await self._answers.put(answer)
+
+    def _refusal(self, frame: frames.Frame, exc: Exception) -> Answer:
+        """The error frame answering `frame` for `exc` (counted; unexpected ones logged)."""
+        self._metrics.request_errors_total += 1
+        if isinstance(exc, JetstreamError):
+            # Refused credentials close the connection (each guess costs a new one).
+            return Answer(m.encode_error(frame.correlation_id, frame.op, exc),
+                          close_after=frame.op == frames.Op.AUTHENTICATE
+                          and isinstance(exc, Unauthenticated))
+        log.error("request %s failed", frame.op, exc_info=exc)
+        return Answer(m.encode_error(frame.correlation_id, frame.op,
+                                     JetstreamError(f"internal error: {exc}")))
 
     async def _answer(self, request: m.Request) -> Result:
         """The handler's answer, once the gatekeeper let the request through."""
@@ -267,14 +297,32 @@ class Connection:
             self._principal = await gate.authenticate(request.credentials,
                                                       _peer(self._writer))
             return m.AuthenticateResponse(self._principal)
+        principal = self._admitted(gate, request)
+        with gate.admit(principal):
+            result = await self._handler.handle(request)
+        return result if isinstance(result, tuple) else gate.filter(principal, result)
+
+    def _answer_now(self, request: m.Request) -> Result | None:
+        """The immediate handler's answer (None: it must wait), once the gatekeeper let the
+        request through."""
+        gate = self._gate
+        if gate is None:
+            return self._handler.handle_now(request)
+        principal = self._admitted(gate, request)
+        with gate.admit(principal):
+            result = self._handler.handle_now(request)
+        if result is None or isinstance(result, tuple):
+            return result
+        return gate.filter(principal, result)
+
+    def _admitted(self, gate: Gatekeeper, request: m.Request) -> str:
+        """Who `request` acts for, once the gatekeeper found it may be sent."""
         principal = self._principal
         if principal is None:
             raise Unauthenticated("authenticate first (AUTHENTICATE, or a client "
                                   "certificate the broker trusts)")
         gate.check(principal, request)
-        with gate.admit(principal):
-            result = await self._handler.handle(request)
-        return result if isinstance(result, tuple) else gate.filter(principal, result)
+        return principal
 
     @staticmethod
     def _encode(frame: frames.Frame, result: Result) -> Answer:
@@ -282,7 +330,7 @@ class Connection:
             response, sent = result
             pieces = sent if isinstance(sent, list) else [sent]
             try:
-                data = m.encode_response(frame.correlation_id, frames.Op(frame.op), response,
+                data = m.encode_response(frame.correlation_id, frames.parse_op(frame.op), response,
                                          sum(piece.length for piece in pieces))
             except BaseException:
                 for piece in pieces:
@@ -292,7 +340,8 @@ class Connection:
                 if not piece.length:
                     piece.close()
             return Answer(data, [piece for piece in pieces if piece.length])
-        return Answer(m.encode_response(frame.correlation_id, frames.Op(frame.op), result))
+        return Answer(m.encode_response(frame.correlation_id, frames.parse_op(frame.op),
+                                       result))
 
     @staticmethod
     async def _send_pieces(loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter,

@@ -25,10 +25,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypeVar, cast
+from typing import Generic, Protocol, TypeVar, cast
 
 DEFAULT_MAX_OPEN = 1024
 #: The smallest budget: a log's active segment and one sealed segment being read.
@@ -84,6 +83,28 @@ class _Pinned:
             self._pool._unpin(entry)
 
 
+class _Leased(Generic[R]):
+    """`HandlePool.lease`'s block."""
+
+    __slots__ = ("_cost", "_entry", "_key", "_open", "_pool")
+
+    def __init__(self, pool: HandlePool, key: str, open_: Callable[[], R], cost: int) -> None:
+        self._pool = pool
+        self._key = key
+        self._open = open_
+        self._cost = cost
+        self._entry: _Entry | None = None
+
+    def __enter__(self) -> R:
+        entry = self._entry = self._pool._pin(self._key, self._open, self._cost)
+        return cast(R, entry.resource)
+
+    def __exit__(self, *exc: object) -> None:
+        entry, self._entry = self._entry, None
+        if entry is not None:
+            self._pool._unpin(entry)
+
+
 class HandlePool:
     def __init__(self, max_open: int = DEFAULT_MAX_OPEN) -> None:
         if max_open < MAX_OPEN_MIN:
@@ -116,16 +137,12 @@ class HandlePool:
         append and read takes one: a plain object, not a generator)."""
         return _Pinned(self, str(path), create)
 
-    @contextmanager
-    def lease(self, key: str, open_: Callable[[], R], cost: int) -> Iterator[R]:
+    def lease(self, key: str, open_: Callable[[], R], cost: int) -> _Leased[R]:
         """The resource held under `key`, opened by `open_` when it is not open, counted at
-        `cost` descriptors; valid inside the block. `close(key)` closes it (after the block, if
-        it is in use)."""
-        entry = self._pin(key, open_, cost)
-        try:
-            yield cast(R, entry.resource)
-        finally:
-            self._unpin(entry)
+        `cost` descriptors; valid inside the block (`with`; a plain object, not a generator:
+        every read by key takes one). `close(key)` closes it (after the block, if it is in
+        use)."""
+        return _Leased(self, key, open_, cost)
 
     def dup(self, path: Path | str) -> int:
         """A descriptor of `path` that the caller owns and must close (for sendfile)."""

@@ -151,6 +151,35 @@ async def test_every_operation_allowed_and_refused_per_acl(secured: BrokerProces
     assert metric(secured, "authorization_refusals_total") >= 8
 
 
+async def test_gets_answered_as_they_are_read_pass_the_gatekeeper_first(
+        secured: BrokerProcess) -> None:
+    """GET, which the socket API answers as it reads the frame when the key index covers
+    it, is refused before authenticating and without `read`, like every other request."""
+    async with login(secured, "admin") as admin:
+        await admin.create_stream("table", "table.in", cleanup_policy="compact")
+        ack = await admin.publish("table.in", b"v1", key=b"k", ack_policy="leader")
+        assert ack is not None
+        entry = await admin.get("table", b"k", min_offset=ack.offset, wait_ms=10_000)
+        assert entry is not None and entry.value == b"v1"
+        conn = BrokerConnection(secured.address, client_id="reader")
+        await conn.open()
+        try:
+            with pytest.raises(Unauthenticated):
+                await conn.request(m.GetRequest("table", 0, b"k"))
+            await conn.request(m.AuthenticateRequest("bob", PASSWORDS["bob"]))
+            with pytest.raises(NotAuthorized) as refused:
+                await conn.request(m.GetRequest("table", 0, b"k"))
+            assert (refused.value.operation, refused.value.resource) == ("read", "table")
+            assert await admin.acl_add([{"principal": "bob", "permission": "allow",
+                                         "operation": "read", "resource_type": "stream",
+                                         "pattern": "table"}]) == 1
+            answer = m.expect_response(await conn.request(m.GetRequest("table", 0, b"k")),
+                                       m.GetResponse)
+            assert (answer.found, answer.value, answer.offset) == (True, b"v1", ack.offset)
+        finally:
+            await conn.close()
+
+
 async def test_http_api_answers_401_and_403(secured: BrokerProcess) -> None:
     url = secured.http_url
     async with httpx.AsyncClient(base_url=url) as http:
