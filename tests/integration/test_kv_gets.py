@@ -7,8 +7,6 @@ connection, and each request is counted once."""
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -18,38 +16,27 @@ from jetstream.client import BrokerConnection, PublishMessage
 from jetstream.errors import NotCompacted, OffsetNotIndexed, UnknownStream
 from jetstream.protocol import messages as m
 from jetstream.server.process import BrokerProcess
+from tests.integration.test_broker import (
+    _requests_total,
+    conn,  # noqa: F401 (a fixture)
+)
 
 STREAM, SUBJECT, KEYS = "table", "table.in", 50
 WAIT_MS = 20_000
 
 
-@pytest.fixture
-async def connection(broker: BrokerProcess) -> AsyncIterator[BrokerConnection]:
-    conn = BrokerConnection(broker.address, client_id="gets")
-    await conn.open()
-    try:
-        yield conn
-    finally:
-        await conn.close()
-
-
-def requests_total(broker: BrokerProcess) -> int:
-    text = httpx.get(f"{broker.http_url}/metrics", timeout=10).text
-    match = re.search(r"^jetstream_broker_requests_total (\d+)$", text, re.M)
-    assert match is not None
-    return int(match.group(1))
-
-
-async def get(conn: BrokerConnection, key: bytes, min_offset: int = -1,
+async def get(connection: BrokerConnection, key: bytes, min_offset: int = -1,
               wait_ms: int = 0) -> m.GetResponse:
-    answer = await conn.request(m.GetRequest(STREAM, 0, key, min_offset, wait_ms),
+    answer = await connection.request(m.GetRequest(STREAM, 0, key, min_offset, wait_ms),
                                 timeout_s=WAIT_MS / 1000 + 10)
     return m.expect_response(answer, m.GetResponse)
 
 
-async def test_pipelined_gets_at_once_and_after_a_wait(broker: BrokerProcess,
-                                                       connection: BrokerConnection) -> None:
-    async with jetstream.connect(broker.address) as js:
+async def test_pipelined_gets_at_once_and_after_a_wait(
+        broker: BrokerProcess, conn: BrokerConnection) -> None:  # noqa: F811
+    connection = conn
+    async with jetstream.connect(broker.address) as js, \
+            httpx.AsyncClient(base_url=broker.http_url, timeout=10) as http:
         await js.create_stream(STREAM, SUBJECT, cleanup_policy="compact")
         await js.create_stream("plain", "plain.in")
         acks = await js.publish_batch([PublishMessage(SUBJECT, b"v%d" % k, b"k%d" % k)
@@ -58,7 +45,7 @@ async def test_pipelined_gets_at_once_and_after_a_wait(broker: BrokerProcess,
         # Indexed through the last publish: every GET below is answered at once.
         assert (await get(connection, b"k0", last, WAIT_MS)).value == b"v0"
 
-        before = requests_total(broker)
+        before = await _requests_total(http)
         # A GET waiting for an offset not written yet, then many that need no wait.
         waiting = asyncio.ensure_future(get(connection, b"k0", last + 1, WAIT_MS))
         answers = await asyncio.gather(*(get(connection, b"k%d" % (i % (KEYS + 5)))
@@ -90,4 +77,4 @@ async def test_pipelined_gets_at_once_and_after_a_wait(broker: BrokerProcess,
         assert (answer.found, answer.value, answer.offset) == (True, b"v0-new", last + 1)
         assert (await get(connection, b"k1")).value == b"v1"
         # 1 waiting + 400 + 3 refused + 1: each counted once, whichever way it was answered.
-        assert requests_total(broker) - before == 405
+        assert await _requests_total(http) - before == 405
