@@ -28,13 +28,12 @@ WAIT_MS = 20_000
 async def get(connection: BrokerConnection, key: bytes, min_offset: int = -1,
               wait_ms: int = 0) -> m.GetResponse:
     answer = await connection.request(m.GetRequest(STREAM, 0, key, min_offset, wait_ms),
-                                timeout_s=WAIT_MS / 1000 + 10)
+                                      timeout_s=WAIT_MS / 1000 + 10)
     return m.expect_response(answer, m.GetResponse)
 
 
 async def test_pipelined_gets_at_once_and_after_a_wait(
         broker: BrokerProcess, conn: BrokerConnection) -> None:  # noqa: F811
-    connection = conn
     async with jetstream.connect(broker.address) as js, \
             httpx.AsyncClient(base_url=broker.http_url, timeout=10) as http:
         await js.create_stream(STREAM, SUBJECT, cleanup_policy="compact")
@@ -43,12 +42,12 @@ async def test_pipelined_gets_at_once_and_after_a_wait(
                                        for k in range(KEYS)], ack_policy="leader")
         last = max(a.offset for a in acks)
         # Indexed through the last publish: every GET below is answered at once.
-        assert (await get(connection, b"k0", last, WAIT_MS)).value == b"v0"
+        assert (await get(conn, b"k0", last, WAIT_MS)).value == b"v0"
 
         before = await _requests_total(http)
         # A GET waiting for an offset not written yet, then many that need no wait.
-        waiting = asyncio.ensure_future(get(connection, b"k0", last + 1, WAIT_MS))
-        answers = await asyncio.gather(*(get(connection, b"k%d" % (i % (KEYS + 5)))
+        waiting = asyncio.ensure_future(get(conn, b"k0", last + 1, WAIT_MS))
+        answers = await asyncio.gather(*(get(conn, b"k%d" % (i % (KEYS + 5)))
                                          for i in range(400)))
         for i, answer in enumerate(answers):
             k = i % (KEYS + 5)
@@ -62,19 +61,19 @@ async def test_pipelined_gets_at_once_and_after_a_wait(
 
         # Refusals answered at once, each with its code, and the connection carries on.
         with pytest.raises(OffsetNotIndexed) as not_indexed:
-            await get(connection, b"k1", last + 5)  # no wait asked for
+            await get(conn, b"k1", last + 5)  # no wait asked for
         assert (not_indexed.value.fields["min_offset"],
                 not_indexed.value.fields["covered_offset"]) == (last + 5, last + 1)
         with pytest.raises(UnknownStream):
-            await connection.request(m.GetRequest("nowhere", 0, b"k1"))
+            await conn.request(m.GetRequest("nowhere", 0, b"k1"))
         with pytest.raises(NotCompacted):
-            await connection.request(m.GetRequest("plain", 0, b"k1"))
+            await conn.request(m.GetRequest("plain", 0, b"k1"))
 
         # The waiting GET is answered once its offset is committed and indexed.
         newer = await js.publish(SUBJECT, b"v0-new", key=b"k0", ack_policy="leader")
         assert newer is not None and newer.offset == last + 1
         answer = await waiting
         assert (answer.found, answer.value, answer.offset) == (True, b"v0-new", last + 1)
-        assert (await get(connection, b"k1")).value == b"v1"
+        assert (await get(conn, b"k1")).value == b"v1"
         # 1 waiting + 400 + 3 refused + 1: each counted once, whichever way it was answered.
         assert await _requests_total(http) - before == 405
