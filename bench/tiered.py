@@ -17,7 +17,7 @@ against one that does not.
   offloading to moto's S3 (the headline: moto is a Python server on the same cores, whose
   work per upload the broker competes with) and once to a directory. A Python publisher
   would put its own lateness into every latency: paced at 2,000 msg/s, nats-py's sends were
-  up to 1 ms late at p99, about the broker's whole ack p99.
+  about 1.1 ms late at p99, half the ack p99 it measured.
 - Spark over Parquet fragments (bench.tiered_spark): `jetstream.spark.read` of a stream whose
   history is in Parquet fragments (`file://` store) ÷ Spark reading the same rows from a
   plain Parquet dataset.
