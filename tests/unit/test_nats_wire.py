@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import string
 from collections.abc import Iterable
 from typing import Any
@@ -14,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetstream.errors import JetstreamError
+from jetstream.idempotence.headers import MSG_ID
 from jetstream.server.nats_wire import (
+    ACCELERATED,
     CONTROL_LINE_BYTES_MAX,
     DEFAULT_MAX_PAYLOAD,
     ConnectOptions,
@@ -31,6 +34,7 @@ from jetstream.server.nats_wire import (
     connect_command,
     parse_headers,
     pub_commands,
+    pub_commands_python,
     sub_command,
     unsub_command,
 )
@@ -91,9 +95,11 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
 
 # -- strategies ----------------------------------------------------------------------------------
 
-# Subjects: anything but whitespace and control characters, non-ASCII included.
+# Subjects: anything but whitespace and control characters, non-ASCII included; and the
+# ASCII ones the C loop parses (it leaves the rest to the Python loop).
 tokens = st.text(st.characters(exclude_categories=("Cc", "Cs", "Zs", "Zl", "Zp")),
-                 min_size=1, max_size=16)
+                 min_size=1, max_size=16) | st.text(string.ascii_letters + string.digits + "._>*-",
+                                                    min_size=1, max_size=16)
 sids = st.sampled_from(["1", "2", "17", "abc"])
 header_keys = st.text(string.ascii_letters + string.digits + "-_", min_size=1, max_size=12)
 header_values = st.text(st.characters(exclude_categories=("Cc", "Cs", "Zl", "Zp")),
@@ -110,8 +116,13 @@ err_texts = st.text(st.characters(exclude_categories=("Cc", "Cs", "Zl", "Zp"),
 @st.composite
 def operations(draw: st.DrawFn) -> tuple[bytes, tuple[str, NatsMsg] | Event]:
     """One server operation: its bytes and what the parser must make of it."""
-    kind = draw(st.sampled_from(["msg", "msg", "msg", "hmsg", "hmsg", "ping", "pong", "ok",
-                                 "err", "info"]))
+    kind = draw(st.sampled_from(["msg", "msg", "msg", "hmsg", "hmsg", "id", "id", "ping",
+                                 "pong", "ok", "err", "info"]))
+    if kind == "id":  # a publisher's Nats-Msg-Id alone (the C loop's header block)
+        subject, sid, data, value = draw(tokens), draw(sids), draw(payloads), draw(header_values)
+        reply = draw(st.none() | tokens)
+        wire = encode_msg(subject, sid, reply, data, header_block({MSG_ID: value}))
+        return wire, (sid, (subject, reply, {MSG_ID: value}, data))
     if kind in ("msg", "hmsg"):
         subject, sid, data = draw(tokens), draw(sids), draw(payloads)
         reply = draw(st.none() | tokens)
@@ -162,6 +173,16 @@ def test_any_chunking_gives_back_the_messages_and_events(ops: list[tuple[bytes, 
     got_msgs, got_events = feed_all(parser, split(wire, cuts))
     assert got_msgs == want_msgs
     assert got_events == want_events
+    assert parser.buffered_bytes == 0
+
+
+@settings(max_examples=200)
+@given(streams, st.lists(st.integers(0, 10_000), max_size=12))
+def test_the_python_loop_alone_gives_back_the_messages_and_events(
+        ops: list[tuple[bytes, Any]], cuts: list[int]) -> None:
+    wire, want_msgs, want_events = expectations(ops)
+    parser = NatsParser(accelerated=False)
+    assert feed_all(parser, split(wire, cuts)) == (want_msgs, want_events)
     assert parser.buffered_bytes == 0
 
 
@@ -395,6 +416,49 @@ def test_mutated_streams_raise_nothing_but_protocol_errors(
     feed_garbage(split(bytes(wire), cuts))
 
 
+# -- the C loop against the Python loop -----------------------------------------------------------
+
+
+def outcome(accelerated: bool, chunks: list[bytes]) -> list[Any]:
+    """Everything a parser makes of `chunks`, feed by feed, up to its error if any."""
+    parser = NatsParser(accelerated=accelerated, payload_bytes_max=400, headers_bytes_max=200,
+                        control_line_bytes_max=100)
+    seen: list[Any] = []
+    try:
+        for chunk in chunks:
+            parser.feed(chunk)
+            seen.append((parser.take_messages(), parser.take_events(), parser.buffered_bytes))
+    except NatsProtocolError as exc:
+        seen.append((str(exc), exc.fields))
+    seen.append((parser.take_messages(), parser.take_events()))
+    return seen
+
+
+def test_the_c_loop_is_built_where_a_c_compiler_is() -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the parser runs its Python loop")
+    assert ACCELERATED, "setup.py builds jetstream.server._nats_wire_c (pip install -e .)"
+
+
+@settings(max_examples=400)
+@given(streams, st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 4), st.binary(
+    max_size=4) | st.sampled_from([b" ", b"\r\n", b"\xc3\xa9", b"99", b"+1", b"_"])),
+    max_size=4), st.lists(st.integers(0, 10_000), max_size=6))
+def test_the_c_loop_makes_of_any_bytes_what_the_python_loop_makes(
+        ops: list[tuple[bytes, Any]], mutations: list[tuple[int, int, bytes]],
+        cuts: list[int]) -> None:
+    """Messages, events, byte counts, what stays buffered, and errors word for word, on
+    well-formed streams and on streams with bytes dropped, replaced or added anywhere."""
+    if not ACCELERATED:
+        pytest.skip("the C loop is not built here")
+    wire = bytearray(b"".join(w for w, _ in ops))
+    for at, drop, insert in mutations:
+        at %= len(wire) + 1
+        wire[at:at + drop] = insert
+    chunks = split(bytes(wire), cuts)
+    assert outcome(True, chunks) == outcome(False, chunks)
+
+
 # -- encoders ------------------------------------------------------------------------------------
 
 
@@ -458,3 +522,20 @@ def test_pub_commands_round_trip(messages: list[tuple[str, bytes]]) -> None:
     wire = pub_commands(messages)
     assert parse_pubs(wire) == messages
     assert wire == b"".join(pub_commands([m]) for m in messages)
+
+
+@given(st.lists(st.tuples(tokens | st.sampled_from(["", "a b", "a\tb", "a\r", "\n", "x\udcff"]),
+                          st.binary(max_size=40)), max_size=8))
+def test_pub_commands_in_c_are_the_python_bytes_or_declined(
+        messages: list[tuple[str, bytes]]) -> None:
+    if not ACCELERATED:
+        pytest.skip("the C loop is not built here")
+    from jetstream.server import _nats_wire_c
+    try:
+        want: bytes | None = pub_commands_python(messages)
+    except InvalidNatsSubject:
+        want = None  # C declines it; Python raises
+    got = _nats_wire_c.pub_commands(messages)
+    assert got is None or got == want
+    if want is not None and all(s.isascii() for s, _ in messages):
+        assert got == want  # declined only for non-ASCII subjects
