@@ -12,14 +12,15 @@ $(BIN)/python:
 # PySpark (jetstream.spark and its tests) runs on a Java 17+ runtime; nothing else needs Java.
 JAVA_CHECK = $${JAVA_HOME:+$$JAVA_HOME/bin/}java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || echo "Spark needs Java 17 or newer and none was found: install a JRE 17+ (Debian/Ubuntu: apt install openjdk-17-jre-headless) or set JAVA_HOME" >&2
 
-# Stamps re-run the install whenever the package metadata or the NATS parser's C part changes
-# (the install builds it in place; it is optional: without a C compiler the parser runs in
-# Python). An editable install compiles no Python, and a Python run with
+# Stamps re-run the install whenever the package metadata or a C part (the NATS parser's, the
+# batch encoder's) changes (the install builds them in place; they are optional: without a C
+# compiler both run in Python). An editable install compiles no Python, and a Python run with
 # PYTHONDONTWRITEBYTECODE writes no bytecode, so every broker process would compile the
 # package again as it starts: compile it once here.
 COMPILE = $(BIN)/python -m compileall -q jetstream
 
-INSTALL_INPUTS = setup.cfg setup.py pyproject.toml jetstream/server/_nats_wire_c.c
+INSTALL_INPUTS = setup.cfg setup.py pyproject.toml jetstream/server/_nats_wire_c.c \
+	jetstream/stream/_format_c.c
 
 $(VENV)/.installed: $(BIN)/python $(INSTALL_INPUTS)
 	$(BIN)/python -m pip install -q -e .

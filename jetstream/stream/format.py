@@ -39,10 +39,20 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import Any, NamedTuple, TypeVar
 
 import crc32c as _crc32c
+
+_format_c: ModuleType | None
+try:  # the records loop in C, when it was built (setup.py; optional)
+    from jetstream.stream import _format_c
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _format_c = None
+
+#: Whether `encode_batch_parts` encodes records without headers in C (built at install; the
+#: Python loop makes the same bytes, slower, without it).
+ACCELERATED = _format_c is not None
 
 MAGIC = 1
 
@@ -196,11 +206,32 @@ def encode_batch_parts(
         raise ValueError("a batch holds at least one record")
     if offset_deltas is not None and len(offset_deltas) != len(records):
         raise ValueError("one offset delta per record")
+    encoded = None if _format_c is None or offset_deltas is not None else \
+        _format_c.encode_records(records, now_ms,
+                                 -1 if record_bytes_max is None else record_bytes_max, Record)
+    if encoded is None:  # declined (or no C part): the same bytes, or its error, from Python
+        encoded = _encode_records(records, now_ms, offset_deltas, record_bytes_max)
+    body, first_ts, max_ts = encoded
+    last_delta = len(records) - 1 if offset_deltas is None else offset_deltas[-1]
+    if last_offset_delta is not None:
+        if last_offset_delta < last_delta:
+            raise ValueError("the batch's range must hold its records")
+        last_delta = last_offset_delta
+    after_crc = _AFTER_CRC.pack(0, last_delta, first_ts, max_ts, len(records))
+    batch_length = BATCH_HEADER.size - LOG_OVERHEAD.size + len(body)
+    before_crc = _BEFORE_CRC.pack(base_offset, batch_length, leader_epoch, MAGIC)
+    crc = crc32c(body, crc32c(after_crc, crc32c(before_crc)))
+    return b"".join((before_crc, crc.to_bytes(4, "big"), after_crc)), body
+
+
+def _encode_records(records: Sequence[Record], now_ms: int, offset_deltas: Sequence[int] | None,
+                    record_bytes_max: int | None) -> tuple[bytes, int, int]:
+    """The records of a batch in Python: (their bytes, first timestamp, largest timestamp)."""
     first_ts = records[0].timestamp_ms
     if first_ts is None:
         first_ts = now_ms
     max_ts = first_ts
-    parts: list[bytes] = [b""]  # replaced by the header once the CRC is known
+    parts: list[bytes] = []
     append = parts.append
     pack_record = RECORD_HEADER.pack
     for i, record in enumerate(records):
@@ -245,17 +276,7 @@ def encode_batch_parts(
             append(subject)
         if hbytes:
             append(hbytes)
-    last_delta = len(records) - 1 if offset_deltas is None else offset_deltas[-1]
-    if last_offset_delta is not None:
-        if last_offset_delta < last_delta:
-            raise ValueError("the batch's range must hold its records")
-        last_delta = last_offset_delta
-    after_crc = _AFTER_CRC.pack(0, last_delta, first_ts, max_ts, len(records))
-    body = b"".join(parts)
-    batch_length = BATCH_HEADER.size - LOG_OVERHEAD.size + len(body)
-    before_crc = _BEFORE_CRC.pack(base_offset, batch_length, leader_epoch, MAGIC)
-    crc = crc32c(body, crc32c(after_crc, crc32c(before_crc)))
-    return b"".join((before_crc, crc.to_bytes(4, "big"), after_crc)), body
+    return b"".join(parts), first_ts, max_ts
 
 
 def encode_batch(

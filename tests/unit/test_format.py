@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -152,3 +155,41 @@ def test_skip_held_keeps_the_range_of_a_straddling_batch() -> None:
     header = fmt.parse_header(rest)
     assert (header.base_offset, header.next_offset) == (1, 7)
     assert [r.offset for r in fmt.decode_batches(rest)] == [2]
+
+
+# -- the C loop against the Python loop -----------------------------------------------------------
+
+plain_records = st.builds(
+    fmt.Record,
+    value=st.none() | st.binary(max_size=300),
+    key=st.none() | st.binary(max_size=40),
+    headers=st.just(fmt.NO_HEADERS) | st.just({}) | st.dictionaries(
+        names | st.sampled_from(["Nats-Msg-Id", "x\udcff"]), st.binary(max_size=8), max_size=3),
+    subject=st.text(max_size=30) | st.sampled_from(["", "bench.in", "x\udcff", "é" * 10]),
+    timestamp_ms=st.none() | st.integers(0, 2**50) | st.integers(-2**64, 2**64),
+)
+
+
+@given(batch=st.lists(plain_records, min_size=1, max_size=20),
+       now=st.integers(0, 2**50) | st.integers(-2**63, 2**63 - 1),
+       limit=st.none() | st.integers(0, 400))
+def test_the_c_loop_encodes_what_the_python_loop_encodes(batch: list[fmt.Record], now: int,
+                                                         limit: int | None) -> None:
+    """The same bytes and timestamps, or declined where the Python loop raises."""
+    if not fmt.ACCELERATED:
+        pytest.skip("the C loop is not built here")
+    from jetstream.stream import _format_c
+    try:
+        want: tuple[bytes, int, int] | None = fmt._encode_records(batch, now, None, limit)
+    except (ValueError, struct.error, UnicodeEncodeError):  # RecordTooLargeToEncode included
+        want = None
+    got = _format_c.encode_records(batch, now, -1 if limit is None else limit, fmt.Record)
+    assert got is None or got == want
+    if want is not None:
+        assert got == want
+
+
+def test_the_c_loop_is_built_where_a_c_compiler_is() -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the encoder runs its Python loop")
+    assert fmt.ACCELERATED, "setup.py builds jetstream.stream._format_c (pip install -e .)"
