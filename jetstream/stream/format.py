@@ -50,7 +50,7 @@ try:  # the records loop in C, when it was built (setup.py; optional)
 except ImportError:  # pragma: no cover - a build without a C compiler
     _format_c = None
 
-#: Whether `encode_batch_parts` encodes records without headers in C (built at install; the
+#: Whether `encode_batch_parts` encodes its records in C (built at install; the
 #: Python loop makes the same bytes, slower, without it).
 ACCELERATED = _format_c is not None
 
