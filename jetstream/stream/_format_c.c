@@ -63,6 +63,19 @@ static Py_ssize_t header_bytes_of(PyObject *headers) {
     return total;
 }
 
+/* `obj`'s bytes (None: NULL and length -1): 1, or 0 when it is neither bytes nor None. */
+static int bytes_or_none(PyObject *obj, const char **data, Py_ssize_t *len) {
+    if (obj == Py_None) {
+        *data = NULL;
+        *len = -1;
+        return 1;
+    }
+    if (!PyBytes_CheckExact(obj)) return 0;
+    *data = PyBytes_AS_STRING(obj);
+    *len = PyBytes_GET_SIZE(obj);
+    return 1;
+}
+
 /* The fields of one record: 1, 0 to decline, -1 with an exception set. */
 static int fields_of(PyObject *record, PyObject *record_type, long long now_ms, fields_t *f) {
     if ((PyObject *)Py_TYPE(record) != record_type || PyTuple_GET_SIZE(record) != 5) return 0;
@@ -71,24 +84,9 @@ static int fields_of(PyObject *record, PyObject *record_type, long long now_ms, 
     PyObject *headers = PyTuple_GET_ITEM(record, 2);
     PyObject *subject = PyTuple_GET_ITEM(record, 3);
     PyObject *ts = PyTuple_GET_ITEM(record, 4);
-    if (value == Py_None) {
-        f->value = NULL;
-        f->value_len = -1;
-    } else if (PyBytes_CheckExact(value)) {
-        f->value = PyBytes_AS_STRING(value);
-        f->value_len = PyBytes_GET_SIZE(value);
-    } else {
+    if (!bytes_or_none(value, &f->value, &f->value_len) ||
+            !bytes_or_none(key, &f->key, &f->key_len))
         return 0;
-    }
-    if (key == Py_None) {
-        f->key = NULL;
-        f->key_len = -1;
-    } else if (PyBytes_CheckExact(key)) {
-        f->key = PyBytes_AS_STRING(key);
-        f->key_len = PyBytes_GET_SIZE(key);
-    } else {
-        return 0;
-    }
     const int has_headers = PyObject_IsTrue(headers);
     if (has_headers < 0) {
         PyErr_Clear();
@@ -176,7 +174,7 @@ static PyObject *encode_records(PyObject *module, PyObject *args) {
         put_u32(w + 16, f.key_len < 0 ? 0xFFFFFFFFu : (uint32_t)f.key_len);
         put_u32(w + 20, f.value_len < 0 ? NULL_VALUE_LENGTH : (uint32_t)f.value_len);
         put_u16(w + 24, (uint16_t)f.subject_len);
-        put_u16(w + 26, f.headers == NULL ? 0 : (uint16_t)PyDict_GET_SIZE(f.headers));
+        put_u16(w + 26, (uint16_t)(f.headers == NULL ? 0 : PyDict_GET_SIZE(f.headers)));
         w += RECORD_HEADER_BYTES;
         if (key_len) memcpy(w, f.key, (size_t)key_len);
         w += key_len;
