@@ -1,8 +1,7 @@
 /* The hot loops of jetstream.server.nats_wire in C: the encoding of PUB commands (below), and
- * the parser's loop over MSG and HMSG operations whose
- * control line is plain ASCII and whose headers, if any, are a publisher's Nats-Msg-Id alone.
+ * NatsParser's loop over MSG and HMSG operations whose control line is plain ASCII and whose
+ * headers, if any, are a publisher's Nats-Msg-Id alone:
  *
- * NatsParser's loop:
  * parse(buf, pos, batches, line_max, payload_max, headers_max, msg_id_block, msg_id_key)
  *     -> (pos, need, slow)
  *
@@ -43,6 +42,24 @@ static long long parse_size(const char *p, Py_ssize_t len) {
         v = v * 10 + (p[i] - '0');
     }
     return v;
+}
+
+/* The number of decimal digits of `v` (>= 0). */
+static int decimal_len(Py_ssize_t v) {
+    int len = 1;
+    while (v >= 10) {
+        v /= 10;
+        len++;
+    }
+    return len;
+}
+
+/* Write `v` (>= 0) as its `len` decimal digits at `w`. */
+static void put_decimal(char *w, Py_ssize_t v, int len) {
+    for (int i = len - 1; i >= 0; i--) {
+        w[i] = (char)('0' + v % 10);
+        v /= 10;
+    }
 }
 
 /* bytes.count(b"\r\n") over [p, p + len): non-overlapping, as Python counts. */
@@ -330,7 +347,6 @@ static PyObject *pub_commands(PyObject *module, PyObject *arg) {
     const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     Py_ssize_t total = 0;
-    char digits[24];
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *item = items[i];
         if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) goto decline;
@@ -346,8 +362,8 @@ static PyObject *pub_commands(PyObject *module, PyObject *arg) {
             const char c = sdata[j];
             if (c == ' ' || c == '\t' || c == '\r' || c == '\n') goto decline;
         }
-        const int dlen = snprintf(digits, sizeof digits, "%zd", PyBytes_GET_SIZE(payload));
-        total += 4 + slen + 1 + dlen + 2 + PyBytes_GET_SIZE(payload) + 2;
+        const Py_ssize_t plen = PyBytes_GET_SIZE(payload);
+        total += 4 + slen + 1 + decimal_len(plen) + 2 + plen + 2;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL) {
@@ -365,8 +381,8 @@ static PyObject *pub_commands(PyObject *module, PyObject *arg) {
         memcpy(w, PyUnicode_1BYTE_DATA(subject), (size_t)slen);
         w += slen;
         *w++ = ' ';
-        const int dlen = snprintf(digits, sizeof digits, "%zd", plen);
-        memcpy(w, digits, (size_t)dlen);
+        const int dlen = decimal_len(plen);
+        put_decimal(w, plen, dlen);
         w += dlen;
         *w++ = '\r';
         *w++ = '\n';

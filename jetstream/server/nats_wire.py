@@ -206,7 +206,8 @@ class NatsParser:
         self._need = 1  # bytes (tail + chunks) the next parse needs to make progress
         self._batches: dict[str, list[Any]] = {}  # sid -> [messages, payload bytes]
         self._events: list[Event] = []
-        self._accelerated = accelerated and ACCELERATED
+        #: The C loop in use, or None: the Python loop alone.
+        self._accelerated = _accelerated if accelerated else None
         self._broken: NatsProtocolError | None = None
 
     @property
@@ -255,14 +256,15 @@ class NatsParser:
 
     def _parse(self, buf: bytes) -> None:
         line_max, payload_max = self.control_line_bytes_max, self.payload_bytes_max
-        if _accelerated is None or not self._accelerated:
+        accelerated = self._accelerated
+        if accelerated is None:
             pos, need, _ = self._parse_python(buf, 0, line_max, payload_max, False)
         else:
             # C parses the common operations and declines the rest, one of which Python
             # then parses (raising its errors) before C goes on.
             pos, n = 0, len(buf)
             while True:
-                pos, need, slow = _accelerated.parse(
+                pos, need, slow = accelerated.parse(
                     buf, pos, self._batches, line_max, payload_max, self.headers_bytes_max,
                     _MSG_ID_BLOCK, MSG_ID)
                 if not slow:
@@ -544,8 +546,6 @@ def pub_commands(messages: Sequence[tuple[str, bytes]]) -> bytes:
     CR, LF), so a bad subject can never inject a protocol line. Other characters, even
     non-UTF-8 bytes of a reply subject kept as surrogates by the parser, go out as they came.
     """
-    if not messages:
-        return b""
     if _accelerated is not None:
         encoded: bytes | None = _accelerated.pub_commands(messages)
         if encoded is not None:

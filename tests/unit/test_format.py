@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import struct
 
 import pytest
@@ -184,12 +183,4 @@ def test_the_c_loop_encodes_what_the_python_loop_encodes(batch: list[fmt.Record]
     except (ValueError, struct.error, UnicodeEncodeError):  # RecordTooLargeToEncode included
         want = None
     got = _format_c.encode_records(batch, now, -1 if limit is None else limit, fmt.Record)
-    assert got is None or got == want
-    if want is not None:
-        assert got == want
-
-
-def test_the_c_loop_is_built_where_a_c_compiler_is() -> None:
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler here: the encoder runs its Python loop")
-    assert fmt.ACCELERATED, "setup.py builds jetstream.stream._format_c (pip install -e .)"
+    assert got == want  # declined (None) exactly where the Python loop raises

@@ -38,6 +38,7 @@ from jetstream.server.nats_wire import (
     sub_command,
     unsub_command,
 )
+from jetstream.stream.format import ACCELERATED as format_accelerated
 
 # -- a test-side encoder of the server->client direction ---------------------------------------
 
@@ -434,10 +435,13 @@ def outcome(accelerated: bool, chunks: list[bytes]) -> list[Any]:
     return seen
 
 
-def test_the_c_loop_is_built_where_a_c_compiler_is() -> None:
+def test_the_c_parts_are_built_where_a_c_compiler_is() -> None:
+    """Both extensions setup.py builds (the parser's here, the batch encoder's in
+    jetstream.stream.format), so a broken build cannot pass as the Python fallback."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler here: the parser runs its Python loop")
+        pytest.skip("no C compiler here: both run their Python loops")
     assert ACCELERATED, "setup.py builds jetstream.server._nats_wire_c (pip install -e .)"
+    assert format_accelerated, "setup.py builds jetstream.stream._format_c (pip install -e .)"
 
 
 @settings(max_examples=400)
