@@ -1,13 +1,15 @@
 """Everything about the package is in setup.cfg; this file only adds the optional C parts:
-the NATS parser's loop and PUB encoder (jetstream/server/_nats_wire_c.c) and the record
-batch encoder's loop (jetstream/stream/_format_c.c). Without a C compiler the install still
-succeeds and both run their Python loops (`ACCELERATED` in jetstream.server.nats_wire and
-jetstream.stream.format)."""
+the NATS parser's loop and PUB encoder (jetstream/server/_nats_wire_c.c), the ingest batch's
+loop (jetstream/server/_ingest_c.c), the acks' loop (jetstream/protocol/_ack_c.c) and the
+record batch encoder's loop (jetstream/stream/_format_c.c). Without a C compiler the install
+still succeeds and each runs its Python loop (`ACCELERATED` in jetstream.server.nats_wire,
+jetstream.server.ingest_batch, jetstream.protocol.ack and jetstream.stream.format)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("jetstream.server._nats_wire_c",
-                             ["jetstream/server/_nats_wire_c.c"],
-                             extra_compile_args=["-O2"], optional=True),
-                   Extension("jetstream.stream._format_c", ["jetstream/stream/_format_c.c"],
-                             extra_compile_args=["-O2"], optional=True)])
+_PARTS = ("jetstream/server/_nats_wire_c.c", "jetstream/server/_ingest_c.c",
+          "jetstream/protocol/_ack_c.c", "jetstream/stream/_format_c.c")
+
+setup(ext_modules=[Extension(source.removesuffix(".c").replace("/", "."), [source],
+                             extra_compile_args=["-O2"], optional=True)
+                   for source in _PARTS])

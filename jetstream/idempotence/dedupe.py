@@ -55,11 +55,17 @@ class GuardLimits:
 
 class IdWindow:
     """Message id -> offset of every id stored within the window, oldest first, and the
-    time of each add: an id expires with the add that stored it."""
+    time of each add: an id expires with the add that stored it.
+
+    The ids are a plain dict (one lookup a publish) with their append order beside it in two
+    deques (id, offset): an id stored again (past the window, in a replayed log) leaves its
+    old place behind, which is skipped when it comes to the front."""
 
     def __init__(self, limits: GuardLimits) -> None:
         self.limits = limits
-        self._ids: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._ids: dict[str, int] = {}
+        self._order: collections.deque[str] = collections.deque()
+        self._order_offsets: collections.deque[int] = collections.deque()
         #: (first offset, timestamp) of each add, oldest first (one per timestamp): the ids
         #: from that offset on were stored at that time or later.
         self._adds: collections.deque[tuple[int, int]] = collections.deque()
@@ -79,21 +85,45 @@ class IdWindow:
         grow), the oldest forgotten past `ids_max`."""
         if not staged:
             return
-        ids = self._ids
-        if not ids.keys().isdisjoint(staged):  # stored twice: only past the window; the newest
+        if not self._ids.keys().isdisjoint(staged):  # stored twice: only past the window
             for msg_id in staged:
-                ids.pop(msg_id, None)
+                self._ids.pop(msg_id, None)
+        self.add_new(staged, timestamp_ms)
+
+    def add_new(self, staged: Mapping[str, int], timestamp_ms: int) -> None:
+        """`add_all` of ids none of which is remembered (a leader's pass looked each up)."""
+        if not staged:
+            return
+        ids = self._ids
         ids.update(staged)
+        self._order.extend(staged)
+        self._order_offsets.extend(staged.values())
         adds = self._adds
         if not adds or adds[-1][1] != timestamp_ms:
             adds.append((next(iter(staged.values())), timestamp_ms))
         excess = len(ids) - self.limits.ids_max
         if excess > 0:
-            for _ in range(excess):
-                ids.popitem(last=False)
-            front = ids[next(iter(ids))] if ids else None
+            while excess > 0:
+                excess -= self._forget_first()
+            self._skip_left_behind()
+            front = self._order_offsets[0] if ids else None
             while len(adds) > 1 and (front is None or adds[1][0] <= front):
                 adds.popleft()
+
+    def _forget_first(self) -> int:
+        """Drop the oldest place in the order: 1 when it forgot an id, 0 when the place was
+        left behind by an id stored again."""
+        msg_id, offset = self._order.popleft(), self._order_offsets.popleft()
+        if self._ids.get(msg_id) == offset:
+            del self._ids[msg_id]
+            return 1
+        return 0
+
+    def _skip_left_behind(self) -> None:
+        order, offsets, ids = self._order, self._order_offsets, self._ids
+        while order and ids.get(order[0]) != offsets[0]:
+            order.popleft()
+            offsets.popleft()
 
     def expire(self, now_ms: int) -> None:
         """Forget ids whose records are older than the window."""
@@ -103,13 +133,14 @@ class IdWindow:
             adds.popleft()
         if not adds:
             ids.clear()
+            self._order.clear()
+            self._order_offsets.clear()
             return
         kept_from = adds[0][0]
-        while ids:
-            first = next(iter(ids))
-            if ids[first] >= kept_from:
-                return
-            ids.popitem(last=False)
+        offsets = self._order_offsets
+        while offsets and offsets[0] < kept_from:
+            self._forget_first()
+        self._skip_left_behind()
 
 
 @dataclass(slots=True)

@@ -240,6 +240,34 @@ class Pass:
             self.next_offset += 1
         return -1
 
+    def admit_ids(self, msg_ids: Sequence[str | None],
+                  keys: Sequence[bytes | None]) -> dict[int, int]:
+        """`admit_id` of each one-record publish whose message id is in `msg_ids`, `plain`
+        of each whose is None (`keys`: theirs, in the same order): the original offsets of
+        the duplicates, by index."""
+        originals: dict[int, int] = {}
+        if self._guard.track_keys:
+            for i, msg_id in enumerate(msg_ids):
+                if msg_id is None:
+                    self.plain((keys[i],))
+                elif (first := self.admit_id(msg_id, keys[i])) >= 0:
+                    originals[i] = first
+            return originals
+        staged, stored = self._ids.get, self._guard.ids.offset_of
+        stage, offset = self._ids.__setitem__, self.next_offset
+        for i, msg_id in enumerate(msg_ids):
+            if msg_id is not None:
+                original = staged(msg_id)
+                if original is None:
+                    original = stored(msg_id)
+                if original is not None:
+                    originals[i] = original
+                    continue
+                stage(msg_id, offset)
+            offset += 1
+        self.next_offset = offset
+        return originals
+
     def admit(self, expect: Expectations, keys: Sequence[bytes | None]) -> Verdict:
         """Judge one publish of `keys` records (their keys, in order) and stage it when it is
         stored."""
@@ -356,8 +384,8 @@ class Pass:
     def commit(self) -> None:
         """The log accepted the append: make what it staged the guard's state."""
         guard, now = self._guard, self._now
-        if self._ids:
-            guard.ids.add_all(self._ids, now)
+        if self._ids:  # each looked up in the window by this pass: none is there
+            guard.ids.add_new(self._ids, now)
         for producer_id, epoch, sequence, offset in self._stamps:
             guard.producers.add(producer_id, epoch, sequence, offset, now)
         if self._keys:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, NoReturn
 
 from jetstream.errors import JetstreamError, ProtocolError
@@ -34,6 +35,19 @@ from jetstream.protocol.envelope import CORRELATION_ID_CHARS_MAX, AckPolicy
 from jetstream.protocol.fields import OFFSET_MAX, PARTITION_MAX
 from jetstream.protocol.frames import MiB
 from jetstream.protocol.wire_errors import error_from_header, error_header
+from jetstream.stream.format import Record
+
+_ack_c: ModuleType | None
+try:  # AckEncoder.encode_targets's loop in C, when it was built (optional)
+    from jetstream.protocol import _ack_c
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _ack_c = None
+
+#: Whether `AckEncoder.encode_targets` encodes the common acks in C (the Python loop makes
+#: the same acks, slower, without it).
+ACCELERATED = _ack_c is not None
+# The C loop reads a record's subject as its field 3.
+assert Record._fields.index("subject") == 3
 
 #: Most acks in one batch ack: a broker splits a larger batch into several.
 ACK_ENTRIES_MAX = 1000
@@ -41,8 +55,14 @@ ACK_ENTRIES_MAX = 1000
 #: (escaped) stays below it.
 ACK_BYTES_MAX = 4 * MiB
 _ACKED_POLICIES = frozenset({AckPolicy.LEADER.value, AckPolicy.ALL.value})
+_LEADER = AckPolicy.LEADER
+_ALL = AckPolicy.ALL
 
 _Fail = Callable[[str, str], NoReturn]
+#: (index in records, inbox, correlation id, policy, batch ack) of a message to ack.
+AckTarget = tuple[int, str, str | None, AckPolicy, bool]
+#: (inbox, ack) messages to publish.
+Acks = list[tuple[str, bytes]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +243,9 @@ class AckEncoder:
 
     SUBJECTS_CACHED_MAX = 4096
 
-    def __init__(self, stream: str, partition: int) -> None:
+    def __init__(self, stream: str, partition: int, *, accelerated: bool = True) -> None:
+        """`accelerated`: `encode_targets` in C when it was built (`ACCELERATED`); False: in
+        Python."""
         _check_target(stream, partition, None, _raise_bad)
         self.stream = stream
         self.partition = partition
@@ -231,6 +253,48 @@ class AckEncoder:
                         '"offset":').encode()
         #: (subject, policy) -> the ack after its offset, correlation id null.
         self._tails: dict[tuple[str, AckPolicy], bytes] = {}
+        #: The C loop in use, or None: the Python loop alone.
+        self._accelerated = _ack_c if accelerated else None
+
+    def encode_targets(self, base: int, targets: list[AckTarget], records: Sequence[Record],
+                       leader: Acks, all_: Acks, all_targets: list[tuple[str, str | None]],
+                       grouped: dict[tuple[str, AckPolicy], list[tuple[int, str | None]]]
+                       ) -> None:
+        """The acks of `targets`, in order, for `records` appended at `base`: single acks to
+        `leader` or `all_` by policy, batch acks' (offset, correlation id) to `grouped` by
+        (inbox, policy), and the (inbox, correlation id) of each `all` target to
+        `all_targets`."""
+        accelerated = self._accelerated
+        if accelerated is None or type(targets) is not list:
+            self._encode_targets(base, targets, records, leader, all_, all_targets, grouped)
+            return
+        # C encodes the common acks and declines the rest: Python then encodes the target C
+        # declined (caching its tail) and those after it that C would decline as surely (a
+        # batch ack, a correlation id), before C goes on.
+        at, count = 0, len(targets)
+        while True:
+            at, end = accelerated.encode_targets(targets, at, base, records, Record,
+                                                 self._prefix, self._tails, _LEADER, leader,
+                                                 _ALL, all_, all_targets)
+            if at >= count:
+                return
+            self._encode_targets(base, targets[at:end], records, leader, all_, all_targets,
+                                 grouped)
+            at = end
+
+    def _encode_targets(self, base: int, targets: list[AckTarget], records: Sequence[Record],
+                        leader: Acks, all_: Acks, all_targets: list[tuple[str, str | None]],
+                        grouped: dict[tuple[str, AckPolicy], list[tuple[int, str | None]]]
+                        ) -> None:
+        """`encode_targets` in Python: the reference the C loop makes the same acks as."""
+        for i, inbox, corr, policy, batch_ack in targets:
+            if policy is _ALL:
+                all_targets.append((inbox, corr))
+            if batch_ack:
+                grouped.setdefault((inbox, policy), []).append((base + i, corr))
+            else:
+                (leader if policy is _LEADER else all_).append(
+                    (inbox, self.encode(base + i, records[i].subject, corr, policy)))
 
     def encode(self, offset: int, subject: str, correlation_id: str | None,
                ack_policy: AckPolicy) -> bytes:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import cast
 
 from jetstream.errors import JetstreamError, RecordTooLarge
 from jetstream.idempotence.guard import Admitted, Duplicate, Expectations, Pass
@@ -29,8 +31,18 @@ from jetstream.server.guarded import from_envelope, from_nats_headers
 from jetstream.server.nats_wire import NatsMsg
 from jetstream.stream.format import NO_HEADERS, Record
 
+_ingest_c: ModuleType | None
+try:  # built by setup.py where a C compiler is; the Python loop is the reference
+    from jetstream.server import _ingest_c
+except ImportError:  # pragma: no cover - no C compiler at install
+    _ingest_c = None
+
+#: Whether plain messages are taken by the C loop (jetstream/server/_ingest_c.c).
+ACCELERATED = _ingest_c is not None
+
 _NO_ACK = AckPolicy.NONE
 _ALL = AckPolicy.ALL
+_POLICIES = (AckPolicy.LEADER, AckPolicy.ALL, AckPolicy.NONE)  # as _ingest_c reads them
 
 #: (index in records, inbox, correlation id, policy, batch ack) of a message to ack.
 Target = tuple[int, str, str | None, AckPolicy, bool]
@@ -54,10 +66,29 @@ class IngestBatch:
 def take_messages(msgs: list[NatsMsg], stream: StreamConfig, refuse_all: bool,
                   not_enough_replicas: Callable[[], JetstreamError]) -> IngestBatch:
     """The records of `msgs` and whom to ack; messages refused outright go to `errors`."""
-    records: list[Record] = []
-    targets: list[Target] = []
-    errors: list[Refusal] = []
-    expects: list[Expectations | str | None] | None = None
+    batch = IngestBatch([], [], [])
+    policy = stream.ack_policy
+    if _ingest_c is None or refuse_all:
+        _take_python(batch, msgs, stream, refuse_all, not_enough_replicas)
+        return batch
+    # C takes plain messages and envelopes of the usual fields; each message it declines goes
+    # through the Python loop alone.
+    take_plain, i, count = _ingest_c.take_plain, 0, len(msgs)
+    max_bytes, acked = stream.max_message_bytes, policy is not _NO_ACK
+    while True:
+        i = take_plain(msgs, i, max_bytes, policy, acked, Record, NO_HEADERS, MSG_ID,
+                       MSG_ID_CHARS_MAX, ENVELOPE_PREFIX, batch.records, batch.targets,
+                       batch.expects, _POLICIES)
+        if i >= count:
+            return batch
+        _take_python(batch, msgs[i:i + 1], stream, refuse_all, not_enough_replicas)
+        i += 1
+
+
+def _take_python(batch: IngestBatch, msgs: list[NatsMsg], stream: StreamConfig,
+                 refuse_all: bool, not_enough_replicas: Callable[[], JetstreamError]) -> None:
+    """`take_messages`'s loop in Python, adding to `batch`."""
+    records, targets, errors, expects = batch.records, batch.targets, batch.errors, batch.expects
     default_policy = stream.ack_policy
     max_bytes = stream.max_message_bytes
     # The hot loop of ingest: plain tuples, locals, no calls a message can do without.
@@ -115,7 +146,7 @@ def take_messages(msgs: list[NatsMsg], stream: StreamConfig, refuse_all: bool,
         if inbox and policy is not _NO_ACK:
             targets.append((len(records), inbox, corr, policy, batch_ack))
         records.append(new_record(Record, (value, key, headers, subject, None)))
-    return IngestBatch(records, targets, errors, expects)
+    batch.expects = expects
 
 
 def asks_key_offsets(batch: IngestBatch) -> bool:
@@ -180,16 +211,9 @@ def _apply_ids(batch: IngestBatch, expects: list[Expectations | str | None],
     setting Nats-Msg-Id): the same verdicts, and the batch is rebuilt only around
     duplicates."""
     records = batch.records
-    admit_id, plain = guard_pass.admit_id, guard_pass.plain
-    originals: dict[int, int] = {}  # record index -> the offset its id was stored at
-    for i, expect in enumerate(expects):
-        if expect is None:
-            plain([records[i].key])
-        else:
-            assert isinstance(expect, str)
-            original = admit_id(expect, records[i].key)
-            if original >= 0:
-                originals[i] = original
+    ids = cast("list[str | None]", expects)  # apply_verdicts saw ids alone
+    # record index -> the offset its id was stored at
+    originals = guard_pass.admit_ids(ids, [r.key for r in records])
     if not originals:
         return
     moved: dict[int, int] = {}  # index before -> index after
@@ -229,18 +253,13 @@ def encode_acks(encoder: AckEncoder, base: int,
         out[policy].append((inbox, ack_codec.encode_ack(stream, partition, offset, subject,
                                                         corr, policy, duplicate=True)))
     grouped: dict[tuple[str, AckPolicy], list[tuple[int, str | None]]] = {}
-    encode = encoder.encode
-    records = batch.records
-    for i, inbox, corr, policy, batch_ack in batch.targets:
-        if batch_ack:
-            grouped.setdefault((inbox, policy), []).append((base + i, corr))
-        else:
-            out[policy].append((inbox, encode(base + i, records[i].subject, corr, policy)))
+    all_targets: list[tuple[str, str | None]] = []
+    encoder.encode_targets(base, batch.targets, batch.records, out[AckPolicy.LEADER],
+                           out[AckPolicy.ALL], all_targets, grouped)
     step = ack_codec.ACK_ENTRIES_MAX
     for (inbox, policy), entries in grouped.items():
         for j in range(0, len(entries), step):
             out[policy].append((inbox, ack_codec.encode_batch_ack(
                 stream, partition, policy, entries[j:j + step])))
-    all_targets = [(t[1], t[2]) for t in batch.targets if t[3] is _ALL]
     all_targets.extend((d[0], d[1]) for d in batch.duplicates if d[2] is _ALL)
     return out[AckPolicy.LEADER], out[AckPolicy.ALL], all_targets

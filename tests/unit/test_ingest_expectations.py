@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,11 +15,13 @@ from jetstream.idempotence import headers as h
 from jetstream.idempotence.dedupe import GuardLimits
 from jetstream.idempotence.guard import Expectations, Guard, ProducerSequence
 from jetstream.protocol.ack import AckEncoder
-from jetstream.protocol.envelope import decode_envelope, encode_envelope
+from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
+from jetstream.protocol.envelope import AckPolicy, decode_envelope, encode_envelope
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server import ingest_batch
 from jetstream.server.guarded import from_envelope, from_http, from_nats_headers
 from jetstream.server.ingest_batch import apply_verdicts, encode_acks, take_messages
+from jetstream.server.nats_wire import NatsMsg
 from jetstream.stream.format import Record
 
 T0 = 1_700_000_000_000
@@ -162,3 +165,81 @@ def test_ids_alone_are_judged_as_record_by_record(
                 if reply and msg_id is not None and len(msg_id) > h.MSG_ID_CHARS_MAX and not key}
     assert fast[3] == [(inbox, "BAD_REQUEST") for inbox in sorted(too_long, key=lambda r:
                                                                      int(r[1:]))]
+
+
+def _envelope(value: bytes | None, key: bytes | None, corr: str | None, policy: str | None,
+              batch_ack: bool, extra: dict[str, object]) -> bytes:
+    """An envelope as encode_envelope writes it, or with fields it would not write."""
+    body: dict[str, object] = {"value": value}
+    if key is not None:
+        body["key"] = key
+    if corr is not None:
+        body["correlation_id"] = corr
+    if policy is not None:
+        body["ack_policy"] = policy
+    if batch_ack:
+        body["batch_ack"] = True
+    body.update(extra)
+    return ENVELOPE_PREFIX + msgpack.packb(body, use_bin_type=True)
+
+
+envelopes = st.builds(
+    _envelope, st.none() | st.binary(max_size=3) | st.sampled_from([b"v" * 65, b"v" * 300]),
+    st.none() | st.sampled_from([b"k", b""]),
+    st.none() | st.sampled_from(["c", "é", "x" * 256, "x" * 257, ""]),
+    st.none() | st.sampled_from(["leader", "all", "none", "LEADER"]), st.booleans(),
+    st.dictionaries(st.sampled_from(["ack_inbox", "headers", "msg_id", "batch_ack", "value",
+                                     "other", "key", "correlation_id", "ack_policy"]),
+                    st.sampled_from([None, "_INBOX.x", "*", {}, {"h": b"1"}, "m", 1, False,
+                                     True, b"b", "s"]), max_size=2),
+) | st.sampled_from([  # encodings encode_envelope does not write, and broken bodies
+    ENVELOPE_PREFIX + b"\x81\xd9\x05value\xc4\x01v",  # a str8 key
+    ENVELOPE_PREFIX + b"\x81\xa5value\xc5\x00\x01v",  # a bin16 value
+    ENVELOPE_PREFIX + b"\x81\xa5value\xc6\x00\x00\x00\x01v",  # a bin32 value
+    ENVELOPE_PREFIX + b"\x81\xa5value\xc4\x01v\x00",  # a byte after the map
+    ENVELOPE_PREFIX + b"\x81\xa5value\xc4\x02v",  # cut short
+    ENVELOPE_PREFIX + b"\x82\xa5value\xc4\x01v\xa5value\xc0",  # a key twice
+    ENVELOPE_PREFIX + b"\x82\xa5value\xc4\x01v\xaecorrelation_id\xa2\xff\xfe",  # not UTF-8
+    ENVELOPE_PREFIX + b"\x82\xa5value\xc4\x01v\xa9batch_ack\xc0",  # batch_ack nil
+    ENVELOPE_PREFIX + b"\x80",  # no value
+])
+header_values = st.sampled_from(["a", "é", "", "x" * 256, "x" * 257, "\ud800", "0", "z"])
+nats_messages = st.lists(st.tuples(
+    st.sampled_from(["s.in", "s.é", ""]),
+    st.none() | st.sampled_from(["", "r", "_INBOX.é"]),
+    st.none() | st.just({}) | st.builds(lambda i: {h.MSG_ID: i}, header_values)
+    | st.dictionaries(st.sampled_from([h.MSG_ID, "Nats-Msg-ID", "Jetstream-Expected-Offset",
+                                       "X"]), header_values, max_size=2),
+    st.binary(max_size=6) | st.sampled_from([b"", b"x" * 65]) | envelopes
+    | st.builds(lambda tail: ENVELOPE_PREFIX + tail, st.binary(max_size=4))),
+    max_size=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(msgs=nats_messages, policy=st.sampled_from(list(AckPolicy)),
+       max_bytes=st.sampled_from([64, 1024]), refuse_all=st.booleans())
+def test_the_c_loop_takes_messages_as_the_python_loop_does(
+        msgs: list[NatsMsg], policy: AckPolicy, max_bytes: int, refuse_all: bool) -> None:
+    """Records (their headers' types too), targets, expectations and refusals with their
+    codes and messages, for plain messages, ids valid or not, other headers and envelopes."""
+    if not ingest_batch.ACCELERATED:
+        pytest.skip("the C loop is not built here")
+    stream = StreamConfig("s", "s.in", ack_policy=policy, max_message_bytes=max_bytes)
+
+    def taken(c: bool) -> tuple[object, ...]:
+        refuse = lambda: NotEnoughReplicas(2, 1)  # noqa: E731
+        if c:
+            batch = take_messages(msgs, stream, refuse_all, refuse)
+        else:
+            batch = ingest_batch.IngestBatch([], [], [])
+            ingest_batch._take_python(batch, msgs, stream, refuse_all, refuse)
+        return (batch.records, [type(r.headers) for r in batch.records], batch.targets,
+                batch.expects, [(e[0], e[1], e[2].code, str(e[2])) for e in batch.errors])
+
+    try:
+        want = taken(c=False)
+    except UnicodeEncodeError:  # a lone surrogate in an id: both raise
+        with pytest.raises(UnicodeEncodeError):
+            taken(c=True)
+        return
+    assert taken(c=True) == want
