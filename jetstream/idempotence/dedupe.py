@@ -27,6 +27,16 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import ModuleType
+
+_ids_c: ModuleType | None
+try:  # the id table in C, when it was built (setup.py; optional)
+    from jetstream.idempotence import _ids_c
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _ids_c = None
+
+#: Whether the id window keeps its ids in the C table (the Python one holds the same).
+ACCELERATED = _ids_c is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,25 +63,83 @@ class GuardLimits:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-class IdWindow:
-    """Message id -> offset of every id stored within the window, oldest first, and the
-    time of each add: an id expires with the add that stored it.
+class _IdTable:
+    """Message id -> offset with the ids' append order (jetstream/idempotence/_ids_c.c is
+    the same in C): a dict, and the order in two deques of (id, offset). A place in the order
+    is left behind when its id was stored again later (at a larger offset) or popped: it is
+    dropped, forgetting nothing, when it comes to the front; after each forget the front is
+    an id's own place."""
 
-    The ids are a plain dict (one lookup a publish) with their append order beside it in two
-    deques (id, offset): an id stored again (past the window, in a replayed log) leaves its
-    old place behind, which is skipped when it comes to the front."""
-
-    def __init__(self, limits: GuardLimits) -> None:
-        self.limits = limits
+    def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self._order: collections.deque[str] = collections.deque()
-        self._order_offsets: collections.deque[int] = collections.deque()
+        self._offsets: collections.deque[int] = collections.deque()
+        self.get = self._ids.get
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get_many(self, ids: list[str | None]) -> list[int | None]:
+        get = self._ids.get
+        return [None if msg_id is None else get(msg_id) for msg_id in ids]
+
+    def add_new(self, staged: Mapping[str, int]) -> None:
+        self._ids.update(staged)
+        self._order.extend(staged)
+        self._offsets.extend(staged.values())
+
+    def pop(self, msg_id: str) -> None:
+        self._ids.pop(msg_id, None)
+
+    def forget(self, count: int) -> None:
+        while count > 0 and self._order:
+            count -= self._pop_front()
+        self._skip_left_behind()
+
+    def forget_before(self, offset: int) -> None:
+        offsets = self._offsets
+        while offsets and offsets[0] < offset:
+            self._pop_front()
+        self._skip_left_behind()
+
+    def front_offset(self) -> int | None:
+        return self._offsets[0] if self._offsets else None
+
+    def clear(self) -> None:
+        self._ids.clear()
+        self._order.clear()
+        self._offsets.clear()
+
+    def _pop_front(self) -> int:
+        msg_id, offset = self._order.popleft(), self._offsets.popleft()
+        if self._ids.get(msg_id) == offset:
+            del self._ids[msg_id]
+            return 1
+        return 0
+
+    def _skip_left_behind(self) -> None:
+        order, offsets, ids = self._order, self._offsets, self._ids
+        while order and ids.get(order[0]) != offsets[0]:
+            order.popleft()
+            offsets.popleft()
+
+
+class IdWindow:
+    """Message id -> offset of every id stored within the window, oldest first, and the
+    time of each add: an id expires with the add that stored it. The ids are in an id table
+    (`_IdTable`, or its C twin when it was built)."""
+
+    def __init__(self, limits: GuardLimits, *, accelerated: bool = True) -> None:
+        self.limits = limits
+        self._ids: _IdTable = (_ids_c.IdTable() if accelerated and _ids_c is not None
+                               else _IdTable())
         #: (first offset, timestamp) of each add, oldest first (one per timestamp): the ids
         #: from that offset on were stored at that time or later.
         self._adds: collections.deque[tuple[int, int]] = collections.deque()
-        #: The offset `msg_id` was stored at, or None: the dict's own lookup (ingest asks
-        #: once per publish with an id).
+        #: The offset `msg_id` was stored at, or None (ingest asks once per publish with an
+        #: id); `offsets_of` asks for many at once.
         self.offset_of: Callable[[str], int | None] = self._ids.get
+        self.offsets_of: Callable[[list[str | None]], list[int | None]] = self._ids.get_many
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -83,11 +151,10 @@ class IdWindow:
     def add_all(self, staged: Mapping[str, int], timestamp_ms: int) -> None:
         """Remember every (message id -> offset) of `staged`, in its order (offsets only
         grow), the oldest forgotten past `ids_max`."""
-        if not staged:
-            return
-        if not self._ids.keys().isdisjoint(staged):  # stored twice: only past the window
+        get = self._ids.get
+        if any(get(msg_id) is not None for msg_id in staged):  # stored twice: past the window
             for msg_id in staged:
-                self._ids.pop(msg_id, None)
+                self._ids.pop(msg_id)
         self.add_new(staged, timestamp_ms)
 
     def add_new(self, staged: Mapping[str, int], timestamp_ms: int) -> None:
@@ -95,52 +162,27 @@ class IdWindow:
         if not staged:
             return
         ids = self._ids
-        ids.update(staged)
-        self._order.extend(staged)
-        self._order_offsets.extend(staged.values())
+        ids.add_new(staged)
         adds = self._adds
         if not adds or adds[-1][1] != timestamp_ms:
             adds.append((next(iter(staged.values())), timestamp_ms))
         excess = len(ids) - self.limits.ids_max
         if excess > 0:
-            while excess > 0:
-                excess -= self._forget_first()
-            self._skip_left_behind()
-            front = self._order_offsets[0] if ids else None
+            ids.forget(excess)
+            front = ids.front_offset()
             while len(adds) > 1 and (front is None or adds[1][0] <= front):
                 adds.popleft()
-
-    def _forget_first(self) -> int:
-        """Drop the oldest place in the order: 1 when it forgot an id, 0 when the place was
-        left behind by an id stored again."""
-        msg_id, offset = self._order.popleft(), self._order_offsets.popleft()
-        if self._ids.get(msg_id) == offset:
-            del self._ids[msg_id]
-            return 1
-        return 0
-
-    def _skip_left_behind(self) -> None:
-        order, offsets, ids = self._order, self._order_offsets, self._ids
-        while order and ids.get(order[0]) != offsets[0]:
-            order.popleft()
-            offsets.popleft()
 
     def expire(self, now_ms: int) -> None:
         """Forget ids whose records are older than the window."""
         oldest = now_ms - self.limits.duplicate_window_ms
-        adds, ids = self._adds, self._ids
+        adds = self._adds
         while adds and adds[0][1] < oldest:
             adds.popleft()
         if not adds:
-            ids.clear()
-            self._order.clear()
-            self._order_offsets.clear()
+            self._ids.clear()
             return
-        kept_from = adds[0][0]
-        offsets = self._order_offsets
-        while offsets and offsets[0] < kept_from:
-            self._forget_first()
-        self._skip_left_behind()
+        self._ids.forget_before(adds[0][0])
 
 
 @dataclass(slots=True)

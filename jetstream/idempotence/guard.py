@@ -240,7 +240,7 @@ class Pass:
             self.next_offset += 1
         return -1
 
-    def admit_ids(self, msg_ids: Sequence[str | None],
+    def admit_ids(self, msg_ids: list[str | None],
                   keys: Sequence[bytes | None]) -> dict[int, int]:
         """`admit_id` of each one-record publish whose message id is in `msg_ids`, `plain`
         of each whose is None (`keys`: theirs, in the same order): the original offsets of
@@ -253,13 +253,14 @@ class Pass:
                 elif (first := self.admit_id(msg_id, keys[i])) >= 0:
                     originals[i] = first
             return originals
-        staged, stored = self._ids.get, self._guard.ids.offset_of
-        stage, offset = self._ids.__setitem__, self.next_offset
-        for i, msg_id in enumerate(msg_ids):
+        staged, stage, offset = self._ids.get, self._ids.__setitem__, self.next_offset
+        # The window's offsets of them all at once: its lookups wait on memory together.
+        for i, (msg_id, stored) in enumerate(zip(msg_ids, self._guard.ids.offsets_of(
+                msg_ids), strict=True)):
             if msg_id is not None:
                 original = staged(msg_id)
                 if original is None:
-                    original = stored(msg_id)
+                    original = stored
                 if original is not None:
                     originals[i] = original
                     continue

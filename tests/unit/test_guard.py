@@ -21,6 +21,7 @@ from jetstream.errors import (
     ProtocolError,
     RegisterMismatch,
 )
+from jetstream.idempotence import dedupe
 from jetstream.idempotence import headers as h
 from jetstream.idempotence.dedupe import GuardLimits, IdWindow
 from jetstream.idempotence.guard import (
@@ -492,11 +493,12 @@ class IdsModel:
 @given(steps=st.lists(st.tuples(st.lists(st.sampled_from("abcdefgh"), max_size=4),
                                 st.sampled_from([0, 1, 10, 25, 49, 50, 51]), st.booleans()),
                       max_size=40),
-       ids_max=st.integers(1, 6))
+       ids_max=st.integers(1, 6), accelerated=st.booleans())
 def test_the_id_window_follows_its_model(steps: list[tuple[list[str], int, bool]],
-                                         ids_max: int) -> None:
+                                         ids_max: int, accelerated: bool) -> None:
+    """In its C table and in its Python one."""
     limits = GuardLimits(duplicate_window_ms=50, ids_max=ids_max)
-    window, model = IdWindow(limits), IdsModel(limits)
+    window, model = IdWindow(limits, accelerated=accelerated), IdsModel(limits)
     offset, now = 0, T0
     for names, elapsed, expire in steps:
         now += elapsed  # the clock never goes back
@@ -516,3 +518,68 @@ def test_the_id_window_follows_its_model(steps: list[tuple[list[str], int, bool]
         assert len(window) == len(model.ids)
         assert {n: window.offset_of(n) for n in "abcdefgh"} == {
             n: model.ids[n][0] if n in model.ids else None for n in "abcdefgh"}
+
+
+table_ops = st.lists(st.one_of(
+    st.tuples(st.just("add_new"), st.lists(st.integers(0, 299), max_size=40)),
+    st.tuples(st.just("pop"), st.integers(0, 299)),
+    st.tuples(st.just("forget"), st.integers(0, 50)),
+    st.tuples(st.just("forget_before"), st.integers(0, 3000)),
+    st.tuples(st.just("clear"), st.none())), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=table_ops)
+def test_the_c_id_table_holds_what_the_python_one_holds(
+        ops: list[tuple[str, object]]) -> None:
+    """Through growth, removals inside runs of colliding slots, places left behind by ids
+    stored again or popped, and clears: the same ids, offsets, count and front."""
+    if dedupe._ids_c is None:
+        pytest.skip("the C table is not built here")
+    c_table, py_table = dedupe._ids_c.IdTable(), dedupe._IdTable()
+    names = [f"id-{n}" for n in range(300)]
+    offset = 0
+    for op, arg in ops:
+        for table in (c_table, py_table):
+            if op == "add_new":
+                assert isinstance(arg, list)
+                staged = {}
+                for n in arg:
+                    staged.pop(names[n], None)
+                    staged[names[n]] = offset + len(staged)
+                table.add_new(staged)
+            elif op == "clear":
+                table.clear()
+            else:
+                getattr(table, op)(names[arg] if op == "pop" else arg)  # type: ignore[index]
+        if op == "add_new":
+            offset += 40
+        assert len(c_table) == len(py_table)
+        assert c_table.front_offset() == py_table.front_offset()
+        probe: list[str | None] = [*names, None]
+        assert c_table.get_many(probe) == py_table.get_many(probe)
+        assert [c_table.get(n) for n in names] == [py_table.get(n) for n in names]
+
+
+def test_the_c_id_table_at_a_million_ids() -> None:
+    """Adds in batches past a million, forgetting the oldest as the window does: the same
+    lookups as the Python table, hits and misses."""
+    if dedupe._ids_c is None:
+        pytest.skip("the C table is not built here")
+    c_table, py_table = dedupe._ids_c.IdTable(), dedupe._IdTable()
+    for batch in range(1200):
+        staged = {f"{batch}-{i}": batch * 1000 + i for i in range(1000)}
+        c_table.add_new(staged)
+        py_table.add_new(staged)
+        if len(py_table) > 500_000:
+            c_table.forget(1000)
+            py_table.forget(1000)
+        if batch % 100 == 99:
+            probe: list[str | None] = [f"{b}-{i}" for b in range(batch - 600, batch + 2, 7)
+                                       for i in range(0, 1000, 97)]
+            assert c_table.get_many(probe) == py_table.get_many(probe)
+            assert len(c_table) == len(py_table) == min((batch + 1) * 1000, 500_000)
+    c_table.forget_before(1_100_000)
+    py_table.forget_before(1_100_000)
+    assert len(c_table) == len(py_table) == 100_000
+    assert c_table.front_offset() == py_table.front_offset() == 1_100_000

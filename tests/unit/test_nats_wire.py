@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetstream.errors import JetstreamError
+from jetstream.idempotence import dedupe
 from jetstream.idempotence.headers import MSG_ID
 from jetstream.protocol import ack
 from jetstream.server import ingest_batch
@@ -438,13 +439,15 @@ def outcome(accelerated: bool, chunks: list[bytes]) -> list[Any]:
 
 
 def test_the_c_parts_are_built_where_a_c_compiler_is() -> None:
-    """Every extension setup.py builds (the parser's here, the ingest batch's, the acks' and
-    the batch encoder's), so a broken build cannot pass as the Python fallback."""
+    """Every extension setup.py builds (the parser's here, the ingest batch's, the acks',
+    the id window's and the batch encoder's), so a broken build cannot pass as the Python
+    fallback."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here: each runs its Python loop")
     assert ACCELERATED, "setup.py builds jetstream.server._nats_wire_c (pip install -e .)"
     assert ingest_batch.ACCELERATED, "setup.py builds jetstream.server._ingest_c"
     assert ack.ACCELERATED, "setup.py builds jetstream.protocol._ack_c"
+    assert dedupe.ACCELERATED, "setup.py builds jetstream.idempotence._ids_c"
     assert format_accelerated, "setup.py builds jetstream.stream._format_c (pip install -e .)"
 
 
