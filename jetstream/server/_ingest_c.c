@@ -51,63 +51,53 @@ typedef struct {
 
 #define CORRELATION_ID_CHARS_MAX 256
 
-/* A msgpack bin or nil at body[*at]: 1 (advanced), 0 to decline. */
-static int read_bin(const unsigned char *body, Py_ssize_t size, Py_ssize_t *at,
-                    const char **data, Py_ssize_t *len) {
-    if (*at >= size) return 0;
-    const unsigned char tag = body[*at];
-    Py_ssize_t head, n;
-    if (tag == 0xc0) {
-        *data = NULL;
-        *len = -1;
-        *at += 1;
-        return 1;
+/* The length of the msgpack bin (bin 8/16/32) or str (fixstr, str 8) at body[at] and the size
+ * of its head, or -1: another type, or a head cut short. */
+static Py_ssize_t span_of(const unsigned char *body, Py_ssize_t size, Py_ssize_t at, int bin,
+                          Py_ssize_t *head) {
+    const unsigned char tag = body[at];
+    if (bin && tag == 0xc4 && at + 2 <= size) {
+        *head = 2;
+        return body[at + 1];
     }
-    if (tag == 0xc4 && *at + 2 <= size) {
-        head = 2;
-        n = body[*at + 1];
-    } else if (tag == 0xc5 && *at + 3 <= size) {
-        head = 3;
-        n = ((Py_ssize_t)body[*at + 1] << 8) | body[*at + 2];
-    } else if (tag == 0xc6 && *at + 5 <= size) {
-        head = 5;
-        n = ((Py_ssize_t)body[*at + 1] << 24) | ((Py_ssize_t)body[*at + 2] << 16) |
-            ((Py_ssize_t)body[*at + 3] << 8) | body[*at + 4];
-    } else {
-        return 0;
+    if (bin && tag == 0xc5 && at + 3 <= size) {
+        *head = 3;
+        return ((Py_ssize_t)body[at + 1] << 8) | body[at + 2];
     }
-    if (n > size - *at - head) return 0;
-    *data = (const char *)body + *at + head;
-    *len = n;
-    *at += head + n;
-    return 1;
+    if (bin && tag == 0xc6 && at + 5 <= size) {
+        *head = 5;
+        return ((Py_ssize_t)body[at + 1] << 24) | ((Py_ssize_t)body[at + 2] << 16) |
+               ((Py_ssize_t)body[at + 3] << 8) | body[at + 4];
+    }
+    if (!bin && (tag & 0xe0) == 0xa0) {
+        *head = 1;
+        return tag & 0x1f;
+    }
+    if (!bin && tag == 0xd9 && at + 2 <= size) {
+        *head = 2;
+        return body[at + 1];
+    }
+    return -1;
 }
 
-/* A msgpack str or nil of ASCII at body[*at] (fixstr, str8): 1 (advanced), 0 to decline. */
-static int read_ascii(const unsigned char *body, Py_ssize_t size, Py_ssize_t *at,
+/* A msgpack nil, or a bin (`bin`) or an ASCII str (else), at body[*at]: 1 (advanced past it;
+ * nil: data NULL and len -1), 0 to decline. */
+static int read_bytes(const unsigned char *body, Py_ssize_t size, Py_ssize_t *at, int bin,
                       const char **data, Py_ssize_t *len) {
     if (*at >= size) return 0;
-    const unsigned char tag = body[*at];
-    Py_ssize_t head, n;
-    if (tag == 0xc0) {
+    if (body[*at] == 0xc0) {
         *data = NULL;
         *len = -1;
         *at += 1;
         return 1;
     }
-    if ((tag & 0xe0) == 0xa0) {
-        head = 1;
-        n = tag & 0x1f;
-    } else if (tag == 0xd9 && *at + 2 <= size) {
-        head = 2;
-        n = body[*at + 1];
-    } else {
-        return 0;
-    }
-    if (n > size - *at - head) return 0;
+    Py_ssize_t head = 0;
+    const Py_ssize_t n = span_of(body, size, *at, bin, &head);
+    if (n < 0 || n > size - *at - head) return 0;
     const unsigned char *s = body + *at + head;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (s[i] & 0x80) return 0;
+    if (!bin)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (s[i] & 0x80) return 0;
     *data = (const char *)s;
     *len = n;
     *at += head + n;
@@ -137,20 +127,20 @@ static int read_published(const unsigned char *body, Py_ssize_t size, published_
         unsigned bit;
         if (key_is(k, klen, "value")) {
             bit = 1;
-            if (!read_bin(body, size, &at, &p->value, &p->value_len)) return 0;
+            if (!read_bytes(body, size, &at, 1, &p->value, &p->value_len)) return 0;
         } else if (key_is(k, klen, "key")) {
             bit = 2;
-            if (!read_bin(body, size, &at, &p->key, &p->key_len)) return 0;
+            if (!read_bytes(body, size, &at, 1, &p->key, &p->key_len)) return 0;
         } else if (key_is(k, klen, "correlation_id")) {
             bit = 4;
-            if (!read_ascii(body, size, &at, &p->corr, &p->corr_len) ||
+            if (!read_bytes(body, size, &at, 0, &p->corr, &p->corr_len) ||
                     p->corr_len > CORRELATION_ID_CHARS_MAX)
                 return 0;
         } else if (key_is(k, klen, "ack_policy")) {
             bit = 8;
             const char *s;
             Py_ssize_t n;
-            if (!read_ascii(body, size, &at, &s, &n)) return 0;
+            if (!read_bytes(body, size, &at, 0, &s, &n)) return 0;
             if (n < 0) p->policy = -1;
             else if (n == 6 && memcmp(s, "leader", 6) == 0) p->policy = 0;
             else if (n == 3 && memcmp(s, "all", 3) == 0) p->policy = 1;
