@@ -14,5 +14,6 @@ _PARTS = ("jetstream/server/_nats_wire_c.c", "jetstream/server/_ingest_c.c",
           "jetstream/stream/_format_c.c")
 
 setup(ext_modules=[Extension(source.removesuffix(".c").replace("/", "."), [source],
-                             extra_compile_args=["-O2"], optional=True)
+                             depends=["jetstream/_decimal.h"], extra_compile_args=["-O2"],
+                             optional=True)
                    for source in _PARTS])

@@ -21,29 +21,13 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "../_decimal.h"
 #include <string.h>
 
 #define NARGS 12
 #define TARGET_FIELDS 5
 #define SUBJECT_FIELD 3
-
-/* The number of decimal digits of `v`. */
-static int decimal_len(unsigned long long v) {
-    int len = 1;
-    while (v >= 10) {
-        v /= 10;
-        len++;
-    }
-    return len;
-}
-
-/* Write `v` as its `len` decimal digits at `w`. */
-static void put_decimal(char *w, unsigned long long v, int len) {
-    for (int i = len - 1; i >= 0; i--) {
-        w[i] = (char)('0' + v % 10);
-        v /= 10;
-    }
-}
 
 /* prefix + decimal(offset) + tail, a new bytes object, or NULL with an exception set. */
 static PyObject *ack_of(PyObject *prefix, unsigned long long offset, PyObject *tail) {

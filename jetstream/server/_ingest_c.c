@@ -1,11 +1,11 @@
 /* The loop of jetstream.server.ingest_batch.take_messages in C, for plain NATS messages.
  *
- * take_plain(msgs, start, max_bytes, policy, acked, record_type, no_headers, msg_id,
+ * take_plain(msgs, start, max_bytes, policy, record_type, no_headers, msg_id,
  *            msg_id_chars_max, envelope_prefix, records, targets, expects, policies) -> int
  *
  * From `msgs[start]` on, each message (subject, reply, headers, data) it can take becomes
  * what the Python loop makes of it: a `record_type` tuple (value, key, headers, subject,
- * None) appended to `records`; when the message is acked (`acked` for the stream's `policy`)
+ * None) appended to `records`; when the message is acked (a policy other than "none")
  * and the reply is not empty, a target (index, reply, correlation id, policy, batch ack)
  * appended to `targets`; when `expects` is a list, the record's expectation appended to it
  * (None, or its message id). It takes, with a str subject and a reply that is None or a
@@ -29,7 +29,6 @@
 
 typedef struct {
     Py_ssize_t max_bytes, id_chars_max;
-    int acked;
     PyTypeObject *record_type;
     PyObject *policy, *no_headers, *msg_id_name, *prefix; /* borrowed */
     PyObject *records, *targets, *expects;
@@ -165,8 +164,8 @@ static int read_published(const unsigned char *body, Py_ssize_t size, published_
 /* 1 when `msg` was plain and taken, 0 to decline, -1 with an exception set. */
 static int take_one(PyObject *msg, const plain_t *a) {
     const Py_ssize_t max_bytes = a->max_bytes, id_chars_max = a->id_chars_max;
-    int acked = a->acked;
     PyObject *policy = a->policy, *no_headers = a->no_headers, *msg_id_name = a->msg_id_name;
+    int acked = policy != a->policies[2]; /* the stream's policy is not "none" */
     PyObject *prefix = a->prefix, *records = a->records, *targets = a->targets;
     PyObject *expects = a->expects;
     PyTypeObject *record_type = a->record_type;
@@ -281,42 +280,41 @@ fail_fields:
 
 static PyObject *take_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "take_plain takes 14 arguments");
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "take_plain takes 13 arguments");
         return NULL;
     }
-    PyObject *policies = args[13];
+    PyObject *policies = args[12];
     if (!PyTuple_CheckExact(policies) || PyTuple_GET_SIZE(policies) != 3) {
         PyErr_SetString(PyExc_TypeError, "policies must be (leader, all, none)");
         return NULL;
     }
-    PyObject *msgs = args[0], *records = args[10], *targets = args[11], *expects = args[12];
+    PyObject *msgs = args[0], *records = args[9], *targets = args[10], *expects = args[11];
     if (!PyList_CheckExact(msgs) || !PyList_CheckExact(records) ||
             !PyList_CheckExact(targets) || (expects != Py_None && !PyList_CheckExact(expects))) {
         PyErr_SetString(PyExc_TypeError, "msgs, records and targets must be lists, expects a "
                                          "list or None");
         return NULL;
     }
-    if (!PyLong_CheckExact(args[2]) || !PyLong_CheckExact(args[8]) ||
-            !PyBytes_CheckExact(args[9]) || !PyUnicode_CheckExact(args[7]) ||
-            !PyType_Check(args[5]) ||
-            !PyType_IsSubtype((PyTypeObject *)args[5], &PyTuple_Type) ||
-            ((PyTypeObject *)args[5])->tp_basicsize != PyTuple_Type.tp_basicsize) {
+    if (!PyLong_CheckExact(args[2]) || !PyLong_CheckExact(args[7]) ||
+            !PyBytes_CheckExact(args[8]) || !PyUnicode_CheckExact(args[6]) ||
+            !PyType_Check(args[4]) ||
+            !PyType_IsSubtype((PyTypeObject *)args[4], &PyTuple_Type) ||
+            ((PyTypeObject *)args[4])->tp_basicsize != PyTuple_Type.tp_basicsize) {
         PyErr_SetString(PyExc_TypeError, "take_plain: bad limits, msg_id, prefix or "
                                          "record_type");
         return NULL;
     }
     plain_t a = {
-        .max_bytes = PyLong_AsSsize_t(args[2]), .id_chars_max = PyLong_AsSsize_t(args[8]),
-        .acked = PyObject_IsTrue(args[4]), .record_type = (PyTypeObject *)args[5],
-        .policy = args[3], .no_headers = args[6], .msg_id_name = args[7], .prefix = args[9],
+        .max_bytes = PyLong_AsSsize_t(args[2]), .id_chars_max = PyLong_AsSsize_t(args[7]),
+        .record_type = (PyTypeObject *)args[4],
+        .policy = args[3], .no_headers = args[5], .msg_id_name = args[6], .prefix = args[8],
         .records = records, .targets = targets, .expects = expects,
         .policies = {PyTuple_GET_ITEM(policies, 0), PyTuple_GET_ITEM(policies, 1),
                      PyTuple_GET_ITEM(policies, 2)},
     };
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
-    if ((a.max_bytes == -1 || a.id_chars_max == -1 || i == -1 || a.acked < 0) &&
-            PyErr_Occurred())
+    if ((a.max_bytes == -1 || a.id_chars_max == -1 || i == -1) && PyErr_Occurred())
         return NULL;
     if (i < 0) i = 0;
     for (; i < PyList_GET_SIZE(msgs); i++) {
@@ -329,7 +327,7 @@ static PyObject *take_plain(PyObject *module, PyObject *const *args, Py_ssize_t 
 
 static PyMethodDef methods[] = {
     {"take_plain", (PyCFunction)(void (*)(void))take_plain, METH_FASTCALL,
-     "take_plain(msgs, start, max_bytes, policy, acked, record_type, no_headers, msg_id,"
+     "take_plain(msgs, start, max_bytes, policy, record_type, no_headers, msg_id,"
      " msg_id_chars_max, envelope_prefix, records, targets, expects, policies) -> int:"
      " see jetstream.server.ingest_batch.take_messages."},
     {NULL, NULL, 0, NULL},

@@ -16,6 +16,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "../_decimal.h"
 #include <string.h>
 
 #define FIELDS_MAX 7
@@ -42,24 +44,6 @@ static long long parse_size(const char *p, Py_ssize_t len) {
         v = v * 10 + (p[i] - '0');
     }
     return v;
-}
-
-/* The number of decimal digits of `v` (>= 0). */
-static int decimal_len(Py_ssize_t v) {
-    int len = 1;
-    while (v >= 10) {
-        v /= 10;
-        len++;
-    }
-    return len;
-}
-
-/* Write `v` (>= 0) as its `len` decimal digits at `w`. */
-static void put_decimal(char *w, Py_ssize_t v, int len) {
-    for (int i = len - 1; i >= 0; i--) {
-        w[i] = (char)('0' + v % 10);
-        v /= 10;
-    }
 }
 
 /* bytes.count(b"\r\n") over [p, p + len): non-overlapping, as Python counts. */
@@ -363,7 +347,7 @@ static PyObject *pub_commands(PyObject *module, PyObject *arg) {
             if (c == ' ' || c == '\t' || c == '\r' || c == '\n') goto decline;
         }
         const Py_ssize_t plen = PyBytes_GET_SIZE(payload);
-        total += 4 + slen + 1 + decimal_len(plen) + 2 + plen + 2;
+        total += 4 + slen + 1 + decimal_len((unsigned long long)plen) + 2 + plen + 2;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL) {
@@ -381,8 +365,8 @@ static PyObject *pub_commands(PyObject *module, PyObject *arg) {
         memcpy(w, PyUnicode_1BYTE_DATA(subject), (size_t)slen);
         w += slen;
         *w++ = ' ';
-        const int dlen = decimal_len(plen);
-        put_decimal(w, plen, dlen);
+        const int dlen = decimal_len((unsigned long long)plen);
+        put_decimal(w, (unsigned long long)plen, dlen);
         w += dlen;
         *w++ = '\r';
         *w++ = '\n';

@@ -74,9 +74,9 @@ def take_messages(msgs: list[NatsMsg], stream: StreamConfig, refuse_all: bool,
     # C takes plain messages and envelopes of the usual fields; each message it declines goes
     # through the Python loop alone.
     take_plain, i, count = _ingest_c.take_plain, 0, len(msgs)
-    max_bytes, acked = stream.max_message_bytes, policy is not _NO_ACK
+    max_bytes = stream.max_message_bytes
     while True:
-        i = take_plain(msgs, i, max_bytes, policy, acked, Record, NO_HEADERS, MSG_ID,
+        i = take_plain(msgs, i, max_bytes, policy, Record, NO_HEADERS, MSG_ID,
                        MSG_ID_CHARS_MAX, ENVELOPE_PREFIX, batch.records, batch.targets,
                        batch.expects, _POLICIES)
         if i >= count:
