@@ -23,7 +23,7 @@ from jetstream.errors import JetstreamError, RecordTooLarge
 from jetstream.idempotence.guard import Admitted, Duplicate, Expectations, Pass
 from jetstream.idempotence.headers import MSG_ID, MSG_ID_CHARS_MAX
 from jetstream.protocol import ack as ack_codec
-from jetstream.protocol.ack import AckEncoder
+from jetstream.protocol.ack import AckEncoder, Acks, AckTarget
 from jetstream.protocol.envelope import PREFIX_BYTES as ENVELOPE_PREFIX
 from jetstream.protocol.envelope import AckPolicy, Envelope, Published, decode_published
 from jetstream.raft_meta.model import StreamConfig
@@ -44,8 +44,6 @@ _NO_ACK = AckPolicy.NONE
 _ALL = AckPolicy.ALL
 _POLICIES = (AckPolicy.LEADER, AckPolicy.ALL, AckPolicy.NONE)  # as _ingest_c reads them
 
-#: (index in records, inbox, correlation id, policy, batch ack) of a message to ack.
-Target = tuple[int, str, str | None, AckPolicy, bool]
 #: (inbox, correlation id, error) of a message answered with an error.
 Refusal = tuple[str, str | None, JetstreamError]
 
@@ -53,7 +51,7 @@ Refusal = tuple[str, str | None, JetstreamError]
 @dataclass(slots=True)
 class IngestBatch:
     records: list[Record]
-    targets: list[Target]
+    targets: list[AckTarget]
     errors: list[Refusal]
     #: The expectations of each record (None: none; a str: a message id alone), or None
     #: when no message had any.
@@ -173,7 +171,7 @@ def _apply_each(batch: IngestBatch, expects: list[Expectations | str | None],
     """`apply_verdicts` of any batch, record by record."""
     by_index = {t[0]: t for t in batch.targets}
     records: list[Record] = []
-    targets: list[Target] = []
+    targets: list[AckTarget] = []
     for i, (record, expect) in enumerate(zip(batch.records, expects, strict=True)):
         target = by_index.get(i)
         if expect is None:
@@ -222,7 +220,7 @@ def _apply_ids(batch: IngestBatch, expects: list[Expectations | str | None],
         if i not in originals:
             moved[i] = len(kept)
             kept.append(record)
-    targets: list[Target] = []
+    targets: list[AckTarget] = []
     for target in batch.targets:
         i = target[0]
         if i in originals:
@@ -237,9 +235,6 @@ def _nats_headers(headers: dict[str, str] | None) -> dict[str, bytes]:
     if not headers:
         return {}
     return {k: v.encode() for k, v in headers.items()}
-
-
-Acks = list[tuple[str, bytes]]
 
 
 def encode_acks(encoder: AckEncoder, base: int,
