@@ -17,7 +17,10 @@ against one that does not.
   offloading to moto's S3 (the headline: moto is a Python server on the same cores, whose
   work per upload the broker competes with) and once to a directory. A Python publisher
   would put its own lateness into every latency: paced at 2,000 msg/s, nats-py's sends were
-  about 1.1 ms late at p99, half the ack p99 it measured.
+  about 1.1 ms late at p99, half the ack p99 it measured. The page cache is written back
+  (`sync`) before each round: the offload and read measurements leave a gigabyte or more
+  dirty, and its writeback, due 30 s later, stalled the broker's appends behind the file
+  system's journal for up to 0.8 s in whichever round it fell.
 - Spark over Parquet fragments (bench.tiered_spark): `jetstream.spark.read` of a stream whose
   history is in Parquet fragments (`file://` store) ÷ Spark reading the same rows from a
   plain Parquet dataset.
@@ -27,6 +30,7 @@ against one that does not.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -154,6 +158,17 @@ async def measure_read(url: str, tmp: Path, quick: bool) -> JsonObject:
             / statistics.median(local_rates)}
 
 
+def _write_back() -> int:
+    """Write the page cache's dirty pages back (`sync`); how many kB were dirty before."""
+    dirty_kb = 0
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("Dirty:"):
+                dirty_kb = int(line.split()[1])
+    os.sync()
+    return dirty_kb
+
+
 async def measure_ingest(bucket: str, tmp: Path, quick: bool) -> dict[str, JsonObject]:
     """Ack p99 of a stream that offloads to moto's S3 (`s3`) and of one that offloads to a
     directory (`file`), each ÷ that of a stream without a store, all three on one broker and
@@ -176,6 +191,7 @@ async def measure_ingest(bucket: str, tmp: Path, quick: bool) -> dict[str, JsonO
                                                "local_retention_bytes": 4 * MiB})
                 for _ in range(rounds):
                     for name in out:
+                        dirty_kb = await asyncio.to_thread(_write_back)
                         cpu = cpu_seconds(broker.pid)
                         load = await run_load(nats_server.url, Load(
                             f"bench.{name}", size=size, inflight=rate, rate=rate,
@@ -185,6 +201,7 @@ async def measure_ingest(bucket: str, tmp: Path, quick: bool) -> dict[str, JsonO
                         figures["broker_cpu_us_per_msg"] = (
                             (cpu_seconds(broker.pid) - cpu) / sent * 1e6)
                         figures["generator_cpu_us_per_msg"] = load.generator_cpu_s / sent * 1e6
+                        figures["dirty_kb_before_sync"] = dirty_kb
                         out[name].append(figures)
                 stored = {name: (await js.fragments(name, 0))[0] for name in stores}
         finally:

@@ -308,6 +308,14 @@ class KeyIndex:
             return None  # another key with the same 256-bit hash: not this one
         return entry
 
+    def raw_entries(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        """The encoded entry of each key (None: never seen), from one read transaction; a
+        hashed entry may be another key's (`decode_entry` gives its stored key)."""
+        with self._env.begin(db=self._entries) as txn:
+            get, db = txn.get, self._entries
+            return [get(_SHORT + key if len(key) <= SHORT_KEY_MAX else lmdb_key(key), db=db)
+                    for key in keys]
+
     def keys(self, prefix: bytes = b"", after: bytes | None = None, limit: int = 1000
              ) -> list[bytes]:
         """Live keys (not deleted) starting with `prefix`, after `after`, at most `limit`:

@@ -272,6 +272,21 @@ class FrameDecoder:
             raise self._error
         return self._guarded(self._take_frame)
 
+    def take_with(self, take: Callable[[bytearray, int], int]) -> None:
+        """Let `take` consume whole frames from the front of the buffer: it is given the
+        buffer and the position of the first frame not yet returned, and returns the
+        position after the frames it consumed (a parser in C of one kind of frame, checking
+        each as `next_frame` would, and leaving it any frame it does not take)."""
+        if self._error is not None:
+            raise self._error
+        pos = take(self._buf, self._pos)
+        if pos != self._pos:
+            if not self._pos < pos <= len(self._buf):
+                raise ValueError(f"take_with: position {pos} is outside the buffer")
+            self._pos = pos
+            self._prefix = None  # the checked prefix was of a frame now consumed
+            self._compact()
+
     def __iter__(self) -> Iterator[Frame]:
         while (frame := self.next_frame()) is not None:
             yield frame

@@ -50,6 +50,8 @@ from jetstream.security.tls import client_ssl, reload_all, server_ssl
 from jetstream.server.acl_admin import AclAdmin
 from jetstream.server.admin import Admin
 from jetstream.server.api import Dispatcher, at_once, on
+from jetstream.server.bulk_gets import ACCELERATED as BULK_GETS
+from jetstream.server.bulk_gets import BulkGets
 from jetstream.server.cleaner import CleanerService
 from jetstream.server.cluster import Cluster
 from jetstream.server.config import BrokerConfig
@@ -204,7 +206,8 @@ class Broker:
             self._own_address, client_ssl(self.config.peer_tls))
         admin.datastreams = datastreams
         dispatcher = self._dispatcher(admin, roles, kv, offsets, coordinators, acls)
-        self._socket_api = SocketApi(self.config, self.metrics, dispatcher, gate)
+        self._socket_api = SocketApi(self.config, self.metrics, dispatcher, gate,
+                                     BulkGets(kv) if BULK_GETS else None)
         await self._socket_api.start()
         if self.config.http_port >= 0:
             self._broker_client = BrokerClient(self._own_address,

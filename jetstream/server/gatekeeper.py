@@ -129,6 +129,17 @@ class Gatekeeper:
 
     # -- authorization ----------------------------------------------------------------------
 
+    def may_now(self, principal: str | None, request: m.Request) -> bool:
+        """Whether `principal` may send `request` at once (authenticated, allowed, an
+        in-flight slot free), asked without counting or logging a refusal: a caller that
+        finds False sends the request the usual way, which refuses it."""
+        if principal is None:
+            return False
+        if not all(self.allowed(principal, *need) for need in required(request)):
+            return False
+        return principal == BROKER_PRINCIPAL or not self.authentication or \
+            self._in_flight.get(principal, 0) < self._requests_max
+
     def allowed(self, principal: str, operation: str, resource_type: str, name: str) -> bool:
         if not self.authorization:
             return True

@@ -38,7 +38,7 @@ from jetstream.compaction.key_index import (
     KeyIndex,
     catch_up_from,
 )
-from jetstream.errors import NotCompacted, OffsetNotIndexed, UnknownStream
+from jetstream.errors import JetstreamError, NotCompacted, OffsetNotIndexed, UnknownStream
 from jetstream.protocol import messages as m
 from jetstream.raft_meta.model import StreamConfig
 from jetstream.server.epoch_fence import PartitionKey
@@ -237,6 +237,30 @@ class KeyValue:
             raise OffsetNotIndexed(request.stream, request.partition, request.min_offset,
                                    covered)
         return self._lookup(key, log_, covered, request.key)
+
+    def readable(self, stream: str, partition: int, read_replica: bool
+                 ) -> tuple[PartitionKey, Log, int] | None:
+        """The replica's key, log and covered offset when GETs of it may be answered from
+        its index here now (jetstream.server.bulk_gets); None when they must go the usual
+        way (`get_now`, which refuses or waits as it must)."""
+        config = self._roles.stream(stream)
+        if config is None or not config.cleanup_policy.compacts:
+            return None
+        try:
+            self._check_role(stream, partition, read_replica)
+        except JetstreamError:
+            return None
+        key = (stream, partition)
+        log_ = self._logs.get(key)
+        if log_ is None:
+            return None
+        return key, log_, self._covered.get(key, 0)
+
+    def raw_entries(self, key: PartitionKey, log_: Log, record_keys: list[bytes]
+                    ) -> list[bytes | None]:
+        """The encoded index entries of `record_keys` in a replica `readable` gave."""
+        with self._leased(key, log_) as index:
+            return index.raw_entries(record_keys)
 
     def _lookup(self, key: PartitionKey, log_: Log, covered: int, record_key: bytes
                 ) -> m.GetResponse:

@@ -42,6 +42,7 @@ from jetstream.protocol import messages as m
 from jetstream.security.auth import certificate_principal
 from jetstream.security.tls import server_ssl
 from jetstream.server.api import RequestHandler, Result
+from jetstream.server.bulk_gets import BulkGets, GetCall, MayNow, as_frame
 from jetstream.server.config import BrokerConfig
 from jetstream.server.gatekeeper import ANONYMOUS, Gatekeeper
 from jetstream.server.metrics import BrokerMetrics
@@ -84,11 +85,13 @@ WRITE_ANSWERS_MAX = 256
 
 class SocketApi:
     def __init__(self, config: BrokerConfig, metrics: BrokerMetrics,
-                 handler: RequestHandler, gate: Gatekeeper | None = None) -> None:
+                 handler: RequestHandler, gate: Gatekeeper | None = None,
+                 bulk_gets: BulkGets | None = None) -> None:
         self._config = config
         self._metrics = metrics
         self._handler = handler
         self._gate = gate
+        self._bulk_gets = bulk_gets
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
@@ -129,7 +132,7 @@ class SocketApi:
         metrics.connections_open += 1
         try:
             await Connection(self._config, self._metrics, self._handler, reader, writer,
-                             self._gate).run()
+                             self._gate, self._bulk_gets).run()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -149,7 +152,7 @@ class SocketApi:
 class Connection:
     def __init__(self, config: BrokerConfig, metrics: BrokerMetrics, handler: RequestHandler,
                  reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 gate: Gatekeeper | None = None) -> None:
+                 gate: Gatekeeper | None = None, bulk_gets: BulkGets | None = None) -> None:
         self._gate = gate
         #: Who this connection acts for: None until it authenticates when authentication
         #: is on (jetstream.server.gatekeeper).
@@ -165,6 +168,11 @@ class Connection:
         self._requests: set[asyncio.Task[None]] = set()
         #: The ops the reader answers itself when their handler needs no wait.
         self._immediate_ops = frozenset(kind.op for kind in handler.immediate_kinds)
+        #: GETs answered in bulk (jetstream.server.bulk_gets) when GET is answered at once.
+        self._bulk = bulk_gets if frames.Op.GET in self._immediate_ops else None
+        self._may_now: MayNow | None = None
+        if gate is not None and (gate.authentication or gate.authorization):
+            self._may_now = lambda request: gate.may_now(self._principal, request)
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
@@ -184,10 +192,18 @@ class Connection:
                 if answer is not None:
                     answer.close()
 
-    async def _next_frame(self) -> frames.Frame | None:
-        """The next whole frame; None at the end of the stream, or when a begun frame's
-        next bytes do not come within `request_timeout_ms` (the connection is closed)."""
+    async def _next_frame(self, bulk: BulkGets | None = None
+                          ) -> frames.Frame | list[GetCall] | None:
+        """The next whole frame, or with `bulk` the GETs at the front of the buffer when
+        there is room for their answer; None at the end of the stream, or when a begun
+        frame's next bytes do not come within `request_timeout_ms` (the connection is
+        closed)."""
         while True:
+            if bulk is not None and \
+                    self._answers.qsize() < self._config.connection_requests_max:
+                calls = bulk.take(self._decoder)
+                if calls:
+                    return calls
             frame = self._decoder.next_frame()
             if frame is not None:
                 return frame
@@ -207,15 +223,18 @@ class Connection:
             self._decoder.feed(data)
 
     async def _hello(self) -> bool:
+        frame: frames.Frame | None = None
         try:
-            frame = await self._next_frame()
-            if frame is None:
+            taken = await self._next_frame()
+            if taken is None:
                 return False
+            assert not isinstance(taken, list)  # taken without `bulk`
+            frame = taken
             if frame.kind != frames.Kind.REQUEST or frame.op != frames.Op.HELLO:
                 raise ProtocolError("the first frame must be a HELLO request", field="op")
             frames.parse_hello_request(frame.header)
         except JetstreamError as exc:
-            cid = frame.correlation_id if "frame" in locals() and frame else 0
+            cid = frame.correlation_id if frame is not None else 0
             await self._answers.put(Answer(m.encode_error(cid, frames.Op.HELLO, exc),
                                            close_after=True))
             return False
@@ -229,22 +248,40 @@ class Connection:
     async def _read_loop(self) -> None:
         while True:
             try:
-                frame = await self._next_frame()
+                taken = await self._next_frame(self._bulk)
             except JetstreamError as exc:  # FrameError: the stream is lost; say why, close
                 await self._answers.put(Answer(m.encode_error(0, 0, exc), close_after=True))
                 return
-            if frame is None:
+            if taken is None:
                 return
-            request: m.Request | None = None
-            if frame.op in self._immediate_ops and \
-                    self._answers.qsize() < self._config.connection_requests_max:
-                request = self._serve_now(frame)
-                if request is None:  # answered
-                    continue
-            await self._slots.acquire()
-            task = asyncio.create_task(self._serve(frame, request))
-            self._requests.add(task)
-            task.add_done_callback(self._requests.discard)
+            if isinstance(taken, list):
+                await self._serve_gets(taken)
+            else:
+                await self._dispatch(taken)
+
+    async def _dispatch(self, frame: frames.Frame) -> None:
+        """Answer `frame` at once when its immediate handler can, else in a task."""
+        request: m.Request | None = None
+        if frame.op in self._immediate_ops and \
+                self._answers.qsize() < self._config.connection_requests_max:
+            request = self._serve_now(frame)
+            if request is None:  # answered
+                return
+        await self._slots.acquire()
+        task = asyncio.create_task(self._serve(frame, request))
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    async def _serve_gets(self, calls: list[GetCall]) -> None:
+        """Answer GETs taken in bulk: those the bulk path answers in one answer, the rest
+        as frames of their own."""
+        assert self._bulk is not None
+        data, rest = self._bulk.answer(calls, self._may_now)
+        self._metrics.requests_total += len(calls) - len(rest)
+        if data:
+            self._answers.put_nowait(Answer(data))
+        for call in rest:
+            await self._dispatch(as_frame(call))
 
     def _serve_now(self, frame: frames.Frame) -> m.Request | None:
         """Answer `frame` here when its immediate handler needs no wait: None once its

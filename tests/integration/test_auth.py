@@ -170,12 +170,23 @@ async def test_gets_answered_as_they_are_read_pass_the_gatekeeper_first(
             with pytest.raises(NotAuthorized) as refused:
                 await conn.request(m.GetRequest("table", 0, b"k"))
             assert (refused.value.operation, refused.value.resource) == ("read", "table")
+            # Pipelined (taken from the buffer together): each refused, and counted, once.
+            refusals = metric(secured, "authorization_refusals_total")
+            outcomes = await asyncio.gather(
+                *(conn.request(m.GetRequest("table", 0, b"k")) for _ in range(6)),
+                return_exceptions=True)
+            assert all(isinstance(o, NotAuthorized) for o in outcomes), outcomes
+            assert metric(secured, "authorization_refusals_total") - refusals == 6
             assert await admin.acl_add([{"principal": "bob", "permission": "allow",
                                          "operation": "read", "resource_type": "stream",
                                          "pattern": "table"}]) == 1
             answer = m.expect_response(await conn.request(m.GetRequest("table", 0, b"k")),
                                        m.GetResponse)
             assert (answer.found, answer.value, answer.offset) == (True, b"v1", ack.offset)
+            answers = await asyncio.gather(
+                *(conn.request(m.GetRequest("table", 0, b"k")) for _ in range(6)))
+            assert [(r.found, r.value) for r in (m.expect_response(a, m.GetResponse)
+                                                 for a in answers)] == [(True, b"v1")] * 6
         finally:
             await conn.close()
 

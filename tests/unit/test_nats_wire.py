@@ -18,7 +18,7 @@ from jetstream.errors import JetstreamError
 from jetstream.idempotence import dedupe
 from jetstream.idempotence.headers import MSG_ID
 from jetstream.protocol import ack
-from jetstream.server import ingest_batch
+from jetstream.server import bulk_gets, ingest_batch
 from jetstream.server.nats_wire import (
     ACCELERATED,
     CONTROL_LINE_BYTES_MAX,
@@ -440,8 +440,8 @@ def outcome(accelerated: bool, chunks: list[bytes]) -> list[Any]:
 
 def test_the_c_parts_are_built_where_a_c_compiler_is() -> None:
     """Every extension setup.py builds (the parser's here, the ingest batch's, the acks',
-    the id window's and the batch encoder's), so a broken build cannot pass as the Python
-    fallback."""
+    the id window's, the batch encoder's and the bulk GETs'), so a broken build cannot pass
+    as the Python fallback."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here: each runs its Python loop")
     assert ACCELERATED, "setup.py builds jetstream.server._nats_wire_c (pip install -e .)"
@@ -449,6 +449,7 @@ def test_the_c_parts_are_built_where_a_c_compiler_is() -> None:
     assert ack.ACCELERATED, "setup.py builds jetstream.protocol._ack_c"
     assert dedupe.ACCELERATED, "setup.py builds jetstream.idempotence._ids_c"
     assert format_accelerated, "setup.py builds jetstream.stream._format_c (pip install -e .)"
+    assert bulk_gets.ACCELERATED, "setup.py builds jetstream.server._gets_c"
 
 
 @settings(max_examples=400)
