@@ -14,6 +14,8 @@ rows from a plain Parquet dataset (part of bench.tiered).
   dataset (snappy, its default file sizes), read with `spark.read.parquet`.
 - Also: the whole stream, history and live tail (the active segments, read through the
   source's Python reader), ÷ the same plain Parquet read per row.
+- The page cache is written back (`sync`) before the timed runs: the load leaves hundreds
+  of megabytes dirty, whose writeback 30 s later would fall in some rounds and not others.
 - Each figure is the median of `repeats` runs, after an untimed one, of an action that
   materialises every row and column (`write.format("noop")`), so only the reading is timed;
   the reads take turns within each round, so a machine shared with other work loads each
@@ -28,6 +30,7 @@ dependency); obstore serves moto's S3 to the broker either way.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -121,6 +124,7 @@ def _figures(broker: BrokerProcess, work: Path, sizes: Sizes, ends: dict[str, in
         ours(endingOffsets=history).write.mode("overwrite") \
             .option("compression", "snappy").parquet(plain)
         assert spark.read.parquet(plain).count() == rows
+        os.sync()  # the load's writes would be written back during the rounds otherwise
         fragments, dataset, whole = interleaved(
             [(noop(lambda: ours(endingOffsets=history)), rows),
              (noop(lambda: spark.read.parquet(plain)), rows),

@@ -83,8 +83,8 @@ class BulkGets:
     def answer(self, calls: list[GetCall], may_now: MayNow | None = None
                ) -> tuple[bytes, list[GetCall]]:
         """The response frames of the calls answered here, joined, and the calls left for the
-        usual way. `may_now`: the connection's gatekeeper check, when
-        requests are authenticated or authorized."""
+        usual way. `may_now`: the connection's gatekeeper check, when requests are
+        authenticated or authorized."""
         groups: dict[tuple[str, int, bool], list[GetCall]] = {}
         for call in calls:
             group = groups.get((call[1], call[2], call[6]))
@@ -107,8 +107,12 @@ class BulkGets:
             if not ready:
                 continue
             keys = [call[3] for call in ready]
-            data, declined = self._encode([call[0] for call in ready], keys,
-                                          self._kv.raw_entries(key, log_, keys), covered,
+            try:
+                raws = self._kv.raw_entries(key, log_, keys)
+            except Exception:  # an index that cannot be read: the usual way refuses each
+                rest += ready
+                continue
+            data, declined = self._encode([call[0] for call in ready], keys, raws, covered,
                                           RESPONSE_HEADER_BYTES_MAX)
             answered.append(data)
             rest += [ready[i] for i in declined]

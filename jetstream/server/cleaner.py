@@ -36,6 +36,10 @@ from jetstream.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 PartitionKey = tuple[str, int]
+#: The cleaner's workers run at the lowest priority (nice 19): a pass takes what CPU
+#: serving leaves, and gets a sliver of a busy one (never starved: compaction lags stay
+#: bounded), so ingest latency barely moves while it runs.
+CLEANER_NICENESS = 19
 #: (partition, stream config, open log, high watermark) of each partition replica held here.
 Replicas = Callable[[], Iterator[tuple[PartitionKey, StreamConfig, Log, int]]]
 
@@ -95,7 +99,7 @@ class CleanerService:
         self._buffer_bytes = buffer_bytes
         self._backoff_s = backoff_ms / 1000
         self._executor: ThreadPoolExecutor | None = None
-        self._workers = WorkerProcesses(threads, "cleaner")
+        self._workers = WorkerProcesses(threads, "cleaner", CLEANER_NICENESS)
         self._task: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Future[None]] = set()
         self._running: set[Hashable] = set()

@@ -31,7 +31,8 @@ from jetstream.errors import StorageError
 
 T = TypeVar("T")
 
-#: How much lower than the broker's the workers' scheduling priority is (nice increment).
+#: How much lower than the broker's the workers' scheduling priority is (nice increment),
+#: unless a pool asks for another.
 WORKER_NICENESS = 5
 _PR_SET_PDEATHSIG = 1
 
@@ -43,13 +44,13 @@ class WorkerDied(StorageError):
     retriable = True
 
 
-def _worker_started(parent_pid: int) -> None:
+def _worker_started(parent_pid: int, niceness: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the broker exited before the signal was armed
         os._exit(1)
-    os.nice(WORKER_NICENESS)
+    os.nice(niceness)
 
 
 class WorkerProcesses:
@@ -57,9 +58,10 @@ class WorkerProcesses:
     Create, use and close it on the event loop's thread: the kernel's parent-death signal
     follows the thread that started a worker, and that thread lives as long as the broker."""
 
-    def __init__(self, processes: int, name: str) -> None:
+    def __init__(self, processes: int, name: str, niceness: int = WORKER_NICENESS) -> None:
         self._processes = processes
         self._name = name
+        self._niceness = niceness
         self._pool: ProcessPoolExecutor | None = None
 
     @property
@@ -79,7 +81,7 @@ class WorkerProcesses:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 self._processes, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_worker_started, initargs=(os.getpid(),))
+                initializer=_worker_started, initargs=(os.getpid(), self._niceness))
             for _ in range(self._processes):  # each finds no idle worker: each starts one
                 self._pool.submit(os.getpid)
         return self._pool

@@ -50,20 +50,28 @@ def fixmap(entries: list[tuple[str, bytes]]) -> bytes:
     return out
 
 
+#: Per field: values GetRequest accepts, and values it refuses (or of another type).
 values = {
-    "stream": st.one_of(st.sampled_from(["table", "a", "A-b_9", "x" * 64]),
-                        st.sampled_from(["", "x" * 65, "bad name", "tablé", "a.b"]),
-                        st.integers(0, 5)),
-    "partition": st.one_of(st.integers(0, 3), st.sampled_from([2**31 - 1, 2**31, -1, 2**40]),
-                           st.booleans(), st.just("0")),
-    "key": st.one_of(st.binary(max_size=300), st.just(b"k" * 70_000), st.text(max_size=3),
-                     st.none()),
-    "min_offset": st.one_of(st.integers(-1, 10**6), st.sampled_from([-2, -129, 2**63 - 1,
-                                                                     2**63]), st.none()),
-    "max_wait_ms": st.one_of(st.integers(0, 100), st.sampled_from([60_000, 60_001, -1]),
-                             st.booleans()),
-    "read_replica": st.one_of(st.booleans(), st.sampled_from([0, 1, None])),
+    "stream": (st.sampled_from(["table", "a", "A-b_9", "x" * 64]),
+               st.one_of(st.sampled_from(["", "x" * 65, "bad name", "tablé", "a.b"]),
+                         st.integers(0, 5))),
+    "partition": (st.one_of(st.integers(0, 3), st.just(2**31 - 1)),
+                  st.one_of(st.sampled_from([2**31, -1, 2**40]), st.booleans(),
+                            st.just("0"))),
+    "key": (st.one_of(st.binary(max_size=300), st.just(b"k" * 65_536)),
+            st.one_of(st.just(b"k" * 65_537), st.text(max_size=3), st.none())),
+    "min_offset": (st.one_of(st.integers(-1, 10**6), st.just(2**63 - 1)),
+                   st.one_of(st.sampled_from([-2, -129, 2**63]), st.none())),
+    "max_wait_ms": (st.one_of(st.integers(0, 100), st.just(60_000)),
+                    st.one_of(st.sampled_from([60_001, -1]), st.booleans())),
+    "read_replica": (st.booleans(), st.sampled_from([0, 1, None])),
 }
+
+
+def value_of(draw: st.DrawFn, name: str) -> object:
+    """Mostly a value GetRequest accepts, one time in five one it refuses."""
+    good, wrong = values[name]
+    return draw(wrong if draw(st.integers(0, 4)) == 0 else good)
 
 
 @st.composite
@@ -73,7 +81,7 @@ def get_headers(draw: st.DrawFn) -> bytes:
     names = draw(st.lists(st.sampled_from(FIELDS), unique=True, min_size=0, max_size=6))
     if draw(st.integers(0, 4)) > 0:  # mostly the required three
         names = list(dict.fromkeys(["stream", "partition", "key", *names]))
-    entries = [(n, msgpack.packb(draw(values[n]), use_bin_type=True)) for n in names]
+    entries = [(n, msgpack.packb(value_of(draw, n), use_bin_type=True)) for n in names]
     twist = draw(st.integers(0, 9))
     if twist == 0:
         entries.append(("other", msgpack.packb(1)))
@@ -190,6 +198,27 @@ def test_taken_gets_are_the_requests_the_frame_decoder_gives(
     # Every whole GET encode_request made went the bulk way.
     decoded = {cid for cid, _ in expected}
     assert usual & decoded <= taken
+
+
+@pytest.mark.parametrize(("field", "accepted", "refused"), [
+    ("stream", "x" * 64, "x" * 65),
+    ("partition", 2**31 - 1, 2**31),
+    ("key", b"k" * 65_000, "k"),  # (a longer key does not fit a request's header)
+    ("min_offset", -1, -2),
+    ("min_offset", 2**63 - 1, 2**63),
+    ("max_wait_ms", 60_000, 60_001),
+    ("max_wait_ms", 0, -1),
+])
+def test_each_bound_is_where_get_request_puts_it(field: str, accepted: object,
+                                                 refused: object) -> None:
+    """A value at the bound is taken and decodes as taken; the next one is left to the
+    frame decoder, whose request refuses it."""
+    fields: dict[str, object] = {"stream": "table", "partition": 0, "key": b"k"}
+    for value, taken in ((accepted, True), (refused, False)):
+        header = msgpack.packb({**fields, field: value}, use_bin_type=True)
+        data = raw_frame(1, Kind.REQUEST, Op.GET, header)
+        assert bulk_way(data, len(data), 4)[0] == usual_way(data, len(data))[0]
+        assert bool(bulk_way(data, len(data), 4)[2]) is taken
 
 
 def test_take_leaves_a_frame_cut_short_and_resumes_with_it() -> None:
@@ -328,3 +357,56 @@ def test_raw_entries_are_what_get_reads(tmp_path: Path) -> None:
     for key, raw in zip(asked[:2], raws[:2], strict=True):
         assert raw is not None
         assert decode_entry(raw)[0] == index.get(key)
+
+
+# -- the bulk path's choices ------------------------------------------------------------------
+
+
+class FakeKeyValue:
+    """A KeyValue of two readable partitions, ("table", 0) covering 10 and ("table", 1)
+    covering 3, whose index holds b"k" (offset 2) and whose partition 1 cannot be read."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[tuple[str, int], list[bytes]]] = []
+
+    def readable(self, stream: str, partition: int, read_replica: bool
+                 ) -> tuple[tuple[str, int], object, int] | None:
+        if stream != "table" or read_replica:
+            return None
+        return (stream, partition), object(), {0: 10, 1: 3}[partition]
+
+    def raw_entries(self, key: tuple[str, int], log_: object, keys: list[bytes]
+                    ) -> list[bytes | None]:
+        self.reads.append((key, keys))
+        if key[1] == 1:
+            raise OSError("the index cannot be read")
+        entry = encode_entry(StoredRecord(2, 5, b"v", b"k", {}, "", 0))
+        return [entry if k == b"k" else None for k in keys]
+
+
+def test_answer_groups_by_partition_and_leaves_the_rest_to_the_usual_way() -> None:
+    kv = FakeKeyValue()
+    bulk = bulk_gets.BulkGets(kv)  # type: ignore[arg-type]
+    calls: list[bulk_gets.GetCall] = [
+        (1, "table", 0, b"k", -1, 0, False),
+        (2, "other", 0, b"k", -1, 0, False),      # not readable here
+        (3, "table", 0, b"absent", 9, 0, False),  # min_offset 9 < covered 10: answered
+        (4, "table", 0, b"k", 10, 500, False),    # waits for offset 10
+        (5, "table", 1, b"k", -1, 0, False),      # its index cannot be read
+        (6, "table", 0, b"k", -1, 0, True),       # read_replica: not readable here
+    ]
+    data, rest = bulk.answer(calls)
+    assert split(data) == [reference(1, b"k", kv.raw_entries(("table", 0), None, [b"k"])[0], 10),
+                           reference(3, b"absent", None, 10)]
+    assert sorted(call[0] for call in rest) == [2, 4, 5, 6]
+    assert kv.reads[0] == (("table", 0), [b"k", b"absent"])  # one read for the partition
+
+    asked: list[m.GetRequest] = []
+
+    def refuse(request: m.GetRequest) -> bool:
+        asked.append(request)
+        return False
+
+    data, rest = bulk.answer(calls[:1] + calls[2:3], refuse)
+    assert (data, [c[0] for c in rest]) == (b"", [1, 3])
+    assert asked == [m.GetRequest("table", 0, b"k")]  # asked once for the partition
