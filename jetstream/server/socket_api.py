@@ -6,7 +6,9 @@ decodes frames (jetstream.protocol.frames) and runs each request as its own task
 the requests behind it; answers may come back out of order and carry their request's
 correlation id. A request with an immediate handler (a GET the key index covers) is
 answered by the reader itself, with no task, while fewer than `connection_requests_max`
-answers wait for the writer; one that must wait goes to a task like any other. The writer
+answers wait for the writer; one that must wait goes to a task like any other. With the C
+part of jetstream.server.bulk_gets built, the GET frames at the front of the buffer are
+taken together and answered in one answer, and those it leaves go the way above. The writer
 sends answers in the order they are ready; a Fetch answer is its prefix and header followed
 by record batches sent straight from the segment file with `loop.sendfile` (zero copy on the
 default event loop); slices of at most 16 KiB are copied into one write instead (a fetch
