@@ -10,14 +10,26 @@ and the next pass goes on from there; `OffsetMap.add_segment` gives that all-or-
 segment.
 
 `scan_keys` reads only what the cleaner needs of each record (offset, key, tombstone or not)
-with one `struct.unpack_from` per record and one slice for the key: no record objects.
+with one `struct.unpack_from` per record and one slice for the key: no record objects. Its
+loop is also written in C (jetstream/compaction/_scan_c.c, `ACCELERATED`), which declines any
+batch it finds malformed to the Python loop, which raises the error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import ModuleType
 
 from jetstream.stream import format as fmt
+
+_scan_c: ModuleType | None
+try:
+    from jetstream.compaction import _scan_c
+except ImportError:  # built without a C compiler: the Python loop
+    _scan_c = None
+
+#: Whether record keys are scanned by the C loop.
+ACCELERATED = _scan_c is not None
 
 #: Bytes one map entry costs beyond its key: dict slot, bytes and int objects.
 ENTRY_OVERHEAD_BYTES = 120
@@ -32,6 +44,17 @@ _NULL = fmt.NULL_VALUE_LENGTH
 def scan_keys(buf: bytes, pos: int, header: fmt.BatchHeader) -> list[KeyInfo]:
     """(offset, key, is_tombstone) of every record of the batch at `pos` of `buf` (whose
     CRC the caller verified). Raises BatchFormatError on a malformed record."""
+    if _scan_c is not None:
+        found: list[KeyInfo] | None = _scan_c.scan_keys(
+            buf, pos, header.size, header.base_offset, header.last_offset_delta,
+            header.record_count)
+        if found is not None:
+            return found
+    return _scan_keys(buf, pos, header)
+
+
+def _scan_keys(buf: bytes, pos: int, header: fmt.BatchHeader) -> list[KeyInfo]:
+    """`scan_keys` in Python: the reference, and what decides a batch C declines."""
     out: list[KeyInfo] = []
     append = out.append
     end = pos + header.size

@@ -4,13 +4,15 @@ marks, the offset map's budget, the key scan and the rewrite of batches."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetstream.compaction import checkpoint as cp
+from jetstream.compaction import offset_map
 from jetstream.compaction.offset_map import ENTRY_OVERHEAD_BYTES, OffsetMap, scan_keys
 from jetstream.compaction.planner import (
     CompactionConfig,
@@ -192,6 +194,45 @@ def test_scan_keys_agrees_with_decoding(batch: list[fmt.Record], base: int) -> N
     header = fmt.parse_header(data)
     expected = [(r.offset, r.key, r.value is None) for r in fmt.decode_records(data, 0, header)]
     assert scan_keys(data, 0, header) == expected
+
+
+def _outcome(scan: Callable[[bytes, int, fmt.BatchHeader], object], data: bytes, pos: int,
+             header: fmt.BatchHeader) -> object:
+    try:
+        return scan(data, pos, header)
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+@settings(max_examples=300)
+@given(batch=st.lists(records, min_size=1, max_size=20), base=st.integers(0, 2**40),
+       flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+       cut=st.integers(0, 40), count_delta=st.integers(-2, 2), pad=st.binary(max_size=8),
+       short_delta=st.integers(0, 1))
+def test_the_key_scan_in_c_gives_what_the_python_loop_gives(
+        batch: list[fmt.Record], base: int, flips: list[tuple[int, int]], cut: int,
+        count_delta: int, pad: bytes, short_delta: int) -> None:
+    """On whole batches, and on batches with bytes changed (past the batch header, whose
+    CRC the caller checks), cut short, padded or whose header claims other record counts or
+    a smaller last offset delta, both loops give the same keys or the same error."""
+    if not offset_map.ACCELERATED:
+        pytest.skip("jetstream/compaction/_scan_c.c is not built")
+    data = bytearray(pad + fmt.encode_batch(base, 1, batch, 5))
+    header = fmt.parse_header(bytes(data), len(pad))
+    for at, value in flips:
+        data[len(pad) + fmt.BATCH_HEADER.size + at % max(1, len(data) - len(pad)
+                                                            - fmt.BATCH_HEADER.size)] = value
+    if cut > 30:  # one time in four, the last 1..10 bytes cut off
+        data = data[:len(data) - (cut - 30)]
+    header = header._replace(record_count=max(0, header.record_count + count_delta),
+                             last_offset_delta=header.last_offset_delta - short_delta)
+    blob = bytes(data)
+    assert _outcome(scan_keys, blob, len(pad), header) == \
+        _outcome(offset_map._scan_keys, blob, len(pad), header)
+    if not flips and cut <= 30 and count_delta == short_delta == 0:  # a whole batch
+        assert scan_keys(blob, len(pad), header) == [
+            (r.offset, r.key, r.value is None) for r in fmt.decode_records(blob, len(pad),
+                                                                           header)]
 
 
 def test_the_offset_map_takes_whole_segments_within_its_budget() -> None:

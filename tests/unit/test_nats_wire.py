@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jetstream.compaction import offset_map
 from jetstream.errors import JetstreamError
 from jetstream.idempotence import dedupe
 from jetstream.idempotence.headers import MSG_ID
@@ -440,8 +441,8 @@ def outcome(accelerated: bool, chunks: list[bytes]) -> list[Any]:
 
 def test_the_c_parts_are_built_where_a_c_compiler_is() -> None:
     """Every extension setup.py builds (the parser's here, the ingest batch's, the acks',
-    the id window's, the batch encoder's and the bulk GETs'), so a broken build cannot pass
-    as the Python fallback."""
+    the id window's, the batch encoder's, the bulk GETs' and the cleaner's key scan), so a
+    broken build cannot pass as the Python fallback."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here: each runs its Python loop")
     assert ACCELERATED, "setup.py builds jetstream.server._nats_wire_c (pip install -e .)"
@@ -450,6 +451,7 @@ def test_the_c_parts_are_built_where_a_c_compiler_is() -> None:
     assert dedupe.ACCELERATED, "setup.py builds jetstream.idempotence._ids_c"
     assert format_accelerated, "setup.py builds jetstream.stream._format_c (pip install -e .)"
     assert bulk_gets.ACCELERATED, "setup.py builds jetstream.server._gets_c"
+    assert offset_map.ACCELERATED, "setup.py builds jetstream.compaction._scan_c"
 
 
 @settings(max_examples=400)
