@@ -60,8 +60,15 @@ async def until_children(pid: int, count: int, deadline_s: float = 30.0) -> None
         if time.monotonic() - started > deadline_s:
             raise RuntimeError(f"process {pid} did not start {count} children")
         await asyncio.sleep(0.05)
+    await settled(pid, deadline_s - (time.monotonic() - started))
+
+
+async def settled(pid: int, deadline_s: float = 30.0) -> None:
+    """Wait (at most `deadline_s`) until the process and its children have been nearly idle
+    for a quarter second: under 20 ms of CPU."""
+    started = time.monotonic()
     before = cpu_seconds(pid)
-    while time.monotonic() - started < deadline_s:  # settled: a quarter second nearly idle
+    while time.monotonic() - started < deadline_s:
         await asyncio.sleep(0.25)
         now = cpu_seconds(pid)
         if now - before < 0.02:

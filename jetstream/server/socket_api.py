@@ -168,6 +168,8 @@ class Connection:
         self._answers: asyncio.Queue[Answer | None] = asyncio.Queue()
         self._slots = asyncio.Semaphore(self._config.connection_requests_max)
         self._requests: set[asyncio.Task[None]] = set()
+        #: Whether the writer is sending an answer (not waiting for the next).
+        self._writing = True
         #: The ops the reader answers itself when their handler needs no wait.
         self._immediate_ops = frozenset(kind.op for kind in handler.immediate_kinds)
         #: GETs answered in bulk (jetstream.server.bulk_gets) when GET is answered at once.
@@ -261,6 +263,17 @@ class Connection:
             else:
                 await self._dispatch(taken)
 
+    def _send_now(self, data: bytes) -> bool:
+        """Write `data` (whole frames) at once, skipping the writer's queue: when the writer
+        waits for an answer, none is queued, and the transport holds nothing unsent (so
+        what a client does not read piles up in the queue, bounded, never here). False when
+        it must be queued."""
+        if self._writing or not self._answers.empty() or \
+                self._writer.transport.get_write_buffer_size():
+            return False
+        self._writer.write(data)
+        return True
+
     async def _dispatch(self, frame: frames.Frame) -> None:
         """Answer `frame` at once when its immediate handler can, else in a task."""
         request: m.Request | None = None
@@ -280,7 +293,7 @@ class Connection:
         assert self._bulk is not None
         data, rest = self._bulk.answer(calls, self._may_now)
         self._metrics.requests_total += len(calls) - len(rest)
-        if data:
+        if data and not self._send_now(data):
             self._answers.put_nowait(Answer(data))
         for call in rest:
             await self._dispatch(as_frame(call))
@@ -416,9 +429,15 @@ class Connection:
         tls = writer.get_extra_info("sslcontext") is not None
         answers = self._answers
         taken: Answer | _Nothing | None = _NOTHING  # taken from the queue, not yet sent
+        answer: Answer | _Nothing | None
         try:
             while True:
-                answer = await answers.get() if taken is _NOTHING else taken
+                if taken is _NOTHING:
+                    self._writing = False
+                    answer = await answers.get()
+                    self._writing = True
+                else:
+                    answer = taken
                 taken = _NOTHING
                 if answer is None:
                     return
