@@ -19,7 +19,7 @@ JAVA_CHECK = $${JAVA_HOME:+$$JAVA_HOME/bin/}java -version 2>&1 | grep -Eq 'versi
 # package again as it starts: compile it once here.
 COMPILE = $(BIN)/python -m compileall -q jetstream
 
-INSTALL_INPUTS = setup.cfg setup.py pyproject.toml $(wildcard jetstream/*/_*_c.c) jetstream/_decimal.h
+INSTALL_INPUTS = setup.cfg setup.py pyproject.toml $(wildcard jetstream/*/_*_c.c) jetstream/_decimal.h jetstream/_big_endian.h
 
 $(VENV)/.installed: $(BIN)/python $(INSTALL_INPUTS)
 	$(BIN)/python -m pip install -q -e .

@@ -16,7 +16,8 @@ _PARTS = ("jetstream/server/_nats_wire_c.c", "jetstream/server/_ingest_c.c",
           "jetstream/stream/_format_c.c", "jetstream/server/_gets_c.c",
           "jetstream/compaction/_scan_c.c")
 
+_HEADERS = ["jetstream/_decimal.h", "jetstream/_big_endian.h"]
+
 setup(ext_modules=[Extension(source.removesuffix(".c").replace("/", "."), [source],
-                             depends=["jetstream/_decimal.h"], extra_compile_args=["-O2"],
-                             optional=True)
+                             depends=_HEADERS, extra_compile_args=["-O2"], optional=True)
                    for source in _PARTS])

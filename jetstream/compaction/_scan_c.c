@@ -13,13 +13,11 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "../_big_endian.h"
+
 #define BATCH_HEADER_BYTES 47
 #define RECORD_HEADER_BYTES 28
 #define NULL_VALUE_LENGTH 0xFFFFFFFFu
-
-static uint32_t be32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
 
 static PyObject *scan_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {

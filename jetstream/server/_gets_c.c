@@ -28,20 +28,14 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_big_endian.h"
+
 #define FIXED_BYTES 10
 #define PREFIX_BYTES 14
 #define KIND_REQUEST 1
 #define KIND_RESPONSE 2
 #define OP_GET 13
 #define STREAM_CHARS_MAX 64
-
-static uint32_t be32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-
-static uint64_t be64(const unsigned char *p) {
-    return ((uint64_t)be32(p) << 32) | be32(p + 4);
-}
 
 /* -- take_gets ------------------------------------------------------------------------- */
 
@@ -282,13 +276,6 @@ static int reserve(out_t *o, Py_ssize_t more) {
     return 1;
 }
 
-static void put_be(char *w, uint64_t v, int width) {
-    for (int i = width - 1; i >= 0; i--) {
-        w[i] = (char)(v & 0xff);
-        v >>= 8;
-    }
-}
-
 /* The longest msgpack head of an int, a bin, a str or a map: a tag and 8 bytes. */
 #define HEAD_MAX 9
 
@@ -298,18 +285,18 @@ static int put_int(char *w, long long v) {
         const uint64_t u = (uint64_t)v;
         if (u < 128) { w[0] = (char)u; return 1; }
         if (u < 256) { w[0] = (char)0xcc; w[1] = (char)u; return 2; }
-        if (u < 65536) { w[0] = (char)0xcd; put_be(w + 1, u, 2); return 3; }
-        if (u < 4294967296ULL) { w[0] = (char)0xce; put_be(w + 1, u, 4); return 5; }
+        if (u < 65536) { w[0] = (char)0xcd; put_u16(w + 1, (uint16_t)u); return 3; }
+        if (u < 4294967296ULL) { w[0] = (char)0xce; put_u32(w + 1, (uint32_t)u); return 5; }
         w[0] = (char)0xcf;
-        put_be(w + 1, u, 8);
+        put_u64(w + 1, u);
         return 9;
     }
     if (v >= -32) { w[0] = (char)(unsigned char)(0xe0 | (v + 32)); return 1; }
     if (v >= -128) { w[0] = (char)0xd0; w[1] = (char)(signed char)v; return 2; }
-    if (v >= -32768) { w[0] = (char)0xd1; put_be(w + 1, (uint64_t)v, 2); return 3; }
-    if (v >= -2147483648LL) { w[0] = (char)0xd2; put_be(w + 1, (uint64_t)v, 4); return 5; }
+    if (v >= -32768) { w[0] = (char)0xd1; put_u16(w + 1, (uint16_t)v); return 3; }
+    if (v >= -2147483648LL) { w[0] = (char)0xd2; put_u32(w + 1, (uint32_t)v); return 5; }
     w[0] = (char)0xd3;
-    put_be(w + 1, (uint64_t)v, 8);
+    put_u64(w + 1, (uint64_t)v);
     return 9;
 }
 
@@ -317,9 +304,9 @@ static int put_len(char *w, Py_ssize_t n, int small_tag, Py_ssize_t small_max,
                    unsigned char tag8, unsigned char tag16, unsigned char tag32) {
     if (small_tag >= 0 && n <= small_max) { w[0] = (char)(small_tag | n); return 1; }
     if (tag8 && n < 256) { w[0] = (char)tag8; w[1] = (char)n; return 2; }
-    if (n < 65536) { w[0] = (char)tag16; put_be(w + 1, (uint64_t)n, 2); return 3; }
+    if (n < 65536) { w[0] = (char)tag16; put_u16(w + 1, (uint16_t)n); return 3; }
     w[0] = (char)tag32;
-    put_be(w + 1, (uint64_t)n, 4);
+    put_u32(w + 1, (uint32_t)n);
     return 5;
 }
 
@@ -454,11 +441,11 @@ static int put_answer(out_t *o, uint32_t cid, const answer_t *a, long long cover
         return 0;
     }
     char *w = o->data + frame_at;
-    put_be(w, (uint64_t)(FIXED_BYTES + header_len), 4);
-    put_be(w + 4, cid, 4);
+    put_u32(w, (uint32_t)(FIXED_BYTES + header_len));
+    put_u32(w + 4, cid);
     w[8] = KIND_RESPONSE;
     w[9] = OP_GET;
-    put_be(w + 10, (uint64_t)header_len, 4);
+    put_u32(w + 10, (uint32_t)header_len);
     return 1;
 }
 

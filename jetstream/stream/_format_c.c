@@ -14,27 +14,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+#include "../_big_endian.h"
 #include <string.h>
 
 #define RECORD_HEADER_BYTES 28
 #define NULL_VALUE_LENGTH 0xFFFFFFFFu
-
-static void put_u32(char *w, uint32_t v) {
-    w[0] = (char)(v >> 24);
-    w[1] = (char)(v >> 16);
-    w[2] = (char)(v >> 8);
-    w[3] = (char)v;
-}
-
-static void put_u64(char *w, uint64_t v) {
-    put_u32(w, (uint32_t)(v >> 32));
-    put_u32(w + 4, (uint32_t)v);
-}
-
-static void put_u16(char *w, uint16_t v) {
-    w[0] = (char)(v >> 8);
-    w[1] = (char)v;
-}
 
 typedef struct {
     const char *key, *value, *subject;
