@@ -313,8 +313,7 @@ class KeyIndex:
         hashed entry may be another key's (`decode_entry` gives its stored key)."""
         with self._env.begin(db=self._entries) as txn:
             get, db = txn.get, self._entries
-            return [get(_SHORT + key if len(key) <= SHORT_KEY_MAX else lmdb_key(key), db=db)
-                    for key in keys]
+            return [get(lmdb_key(key), db=db) for key in keys]
 
     def keys(self, prefix: bytes = b"", after: bytes | None = None, limit: int = 1000
              ) -> list[bytes]:
