@@ -272,6 +272,12 @@ class FrameDecoder:
             raise self._error
         return self._guarded(self._take_frame)
 
+    def front_is(self, kind: int, op: int) -> bool:
+        """Whether the first frame not yet returned has its prefix in and is of `kind` and
+        `op` (whole or not): a cheap look before handing the buffer to `take_with`."""
+        buf, pos = self._buf, self._pos
+        return len(buf) - pos >= PREFIX.size and buf[pos + 8] == kind and buf[pos + 9] == op
+
     def take_with(self, take: Callable[[bytearray, int], int]) -> None:
         """Let `take` consume whole frames from the front of the buffer: it is given the
         buffer and the position of the first frame not yet returned, and returns the

@@ -202,16 +202,19 @@ class Connection:
         there is room for their answer; None at the end of the stream, or when a begun
         frame's next bytes do not come within `request_timeout_ms` (the connection is
         closed)."""
+        decoder = self._decoder
         while True:
-            if bulk is not None and \
+            # A look at the front frame's op first: other requests (fetches, a follower's
+            # replica fetches) pay one check, not a call into the bulk path.
+            if bulk is not None and decoder.front_is(frames.Kind.REQUEST, frames.Op.GET) and \
                     self._answers.qsize() < self._config.connection_requests_max:
-                calls = bulk.take(self._decoder)
+                calls = bulk.take(decoder)
                 if calls:
                     return calls
-            frame = self._decoder.next_frame()
+            frame = decoder.next_frame()
             if frame is not None:
                 return frame
-            if self._decoder.buffered_bytes:
+            if decoder.buffered_bytes:
                 try:
                     data = await asyncio.wait_for(self._reader.read(READ_CHUNK_BYTES),
                                                   self._config.request_timeout_ms / 1000)
@@ -224,7 +227,7 @@ class Connection:
                 data = await self._reader.read(READ_CHUNK_BYTES)
             if not data:
                 return None
-            self._decoder.feed(data)
+            decoder.feed(data)
 
     async def _hello(self) -> bool:
         frame: frames.Frame | None = None

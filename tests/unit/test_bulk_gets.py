@@ -221,6 +221,20 @@ def test_each_bound_is_where_get_request_puts_it(field: str, accepted: object,
         assert bool(bulk_way(data, len(data), 4)[2]) is taken
 
 
+def test_the_decoder_tells_the_front_frame_s_kind_and_op_once_its_prefix_is_in() -> None:
+    get = encode_request(7, m.GetRequest("table", 0, b"k"))
+    decoder = FrameDecoder(frame_bytes_max=REQUEST_FRAME_BYTES_MAX)
+    decoder.feed(get[:PREFIX.size - 1])
+    assert not decoder.front_is(Kind.REQUEST, Op.GET)
+    decoder.feed(get[PREFIX.size - 1:PREFIX.size])
+    assert decoder.front_is(Kind.REQUEST, Op.GET)
+    assert not decoder.front_is(Kind.REQUEST, Op.FETCH)
+    assert not decoder.front_is(Kind.RESPONSE, Op.GET)
+    decoder.feed(get[PREFIX.size:] + encode_request(8, m.FetchRequest("table", 0, 0, 1024, 0)))
+    assert decoder.next_frame() is not None
+    assert decoder.front_is(Kind.REQUEST, Op.FETCH)
+
+
 def test_take_leaves_a_frame_cut_short_and_resumes_with_it() -> None:
     whole = encode_request(7, m.GetRequest("table", 0, b"k"))
     decoder = FrameDecoder(frame_bytes_max=REQUEST_FRAME_BYTES_MAX)
